@@ -1,0 +1,208 @@
+"""ai1net settings: everything configurable comes from the environment, here and only here.
+
+The embedded default (no variables set) is SQLite + the in-memory channel layer, one process.
+Scaled out: DATABASE_URL=postgres://… and REDIS_URL=redis://… with any number of daphne processes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+DEBUG = env_bool("AI1NET_DEBUG", True)
+
+SECRET_KEY = os.environ.get("AI1NET_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("AI1NET_SECRET_KEY must be set when AI1NET_DEBUG=0.")
+    SECRET_KEY = "dev-insecure-ai1net-secret-key-do-not-use-in-production-0123456789"
+
+ALLOWED_HOSTS = env_list("AI1NET_ALLOWED_HOSTS", [] if not DEBUG else ["127.0.0.1", "localhost", "[::1]", "testserver"])
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("AI1NET_ALLOWED_HOSTS must be set when AI1NET_DEBUG=0.")
+
+PUBLIC_URL = os.environ.get("AI1NET_PUBLIC_URL", "").rstrip("/")
+if not DEBUG and not PUBLIC_URL:
+    raise ImproperlyConfigured("AI1NET_PUBLIC_URL must be set when AI1NET_DEBUG=0.")
+if PUBLIC_URL:
+    CSRF_TRUSTED_ORIGINS = [PUBLIC_URL]
+
+# Operators' emergency stops: when off, they override every user's own switch.
+MOBILE_REPLY_ENABLED = env_bool("AI1NET_MOBILE_REPLY", True)
+DEVICE_WEB_ENABLED = env_bool("AI1NET_DEVICE_WEB", True)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
+    "ai1net.accounts",
+    "devices",
+    "im",
+    "mobile",
+    "probes",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ai1net.urls"
+ASGI_APPLICATION = "ai1net.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # daphne runs ORM calls in worker threads: let writers queue instead of failing "locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    DATABASES["default"].setdefault("TEST", {})
+    # A file, not :memory:, so the real processes that end-to-end tests start can share it.
+    DATABASES["default"]["TEST"]["NAME"] = os.environ.get(
+        "AI1NET_TEST_SQLITE", str(BASE_DIR / ".test-db.sqlite3")
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- channel layer and cache -----------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+REDIS_PREFIX = os.environ.get("AI1NET_REDIS_PREFIX", "ai1net")
+if REDIS_URL:
+    # The layer is a doorbell, never a queue (shared/reference/stack-notes.md). redis-py 8 would
+    # otherwise time idle consumers out after ~5 s and cap the pool at 100 connections.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None, "max_connections": 100_000}],
+                "prefix": f"{REDIS_PREFIX}:asgi",
+                "capacity": 1000,
+                "expiry": 30,
+            },
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{REDIS_PREFIX}:cache",
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- auth ------------------------------------------------------------------------------------
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "accounts:login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+OTP_TOTP_ISSUER = "ai1net"
+
+# --- security --------------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # the phone page's JS reads it to send X-CSRFToken
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("AI1NET_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = 31_536_000
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+
+# --- i18n / static ---------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / ".staticfiles"
+
+# --- API -------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "ai1net.accounts.authentication.ApiTokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "ai1net.exceptions.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ai1net API",
+    "DESCRIPTION": "Mobile reply, probes and device web.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("AI1NET_LOG_LEVEL", "WARNING")},
+}

@@ -1,0 +1,1 @@
+"""Programs that run on the user's machines. They import nothing from the server."""

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Device(models.Model):
+    """A paired machine of a user's: a desktop bridge or a probe. Only a hash of its token is kept."""
+
+    class Kind(models.TextChoices):
+        BRIDGE = "bridge", "Bridge (desktop)"
+        PROBE = "probe", "Probe"
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        REVOKED = "revoked", "Revoked"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="devices")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    hostname = models.CharField(max_length=255, blank=True)
+    os = models.CharField(max_length=100, blank=True)
+    client_version = models.CharField(max_length=50, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    token_hash = models.CharField(max_length=64, unique=True)
+    ephemeral = models.BooleanField(default=False, help_text="Paired for one run (probes): the token dies with it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    # Presence, written by the tunnel consumer.
+    connection_count = models.PositiveIntegerField(default=0)
+    channel_name = models.CharField(max_length=200, blank=True, help_text="The live connection's channel.")
+    connected_at = models.DateTimeField(null=True, blank=True)
+    disconnected_at = models.DateTimeField(null=True, blank=True)
+
+    # What the device said in its last hello.
+    capabilities = models.JSONField(default=list, blank=True)
+    ports = models.JSONField(default=list, blank=True)
+    roots = models.JSONField(default=list, blank=True)
+    protocol_version = models.PositiveIntegerField(default=0)
+
+    # Durable outbox bookkeeping: the next seq to allocate and the highest seq the device acked.
+    next_seq = models.PositiveBigIntegerField(default=1)
+    acked_seq = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "kind", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    @property
+    def is_online(self) -> bool:
+        return self.status == self.Status.ACTIVE and bool(self.channel_name)
+
+
+class OutboxItem(models.Model):
+    """Platform -> device work, written before it is sent; resent after `ackedSeq` on reconnect."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="outbox")
+    seq = models.PositiveBigIntegerField()
+    kind = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    acked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["device", "seq"]
+        constraints = [models.UniqueConstraint(fields=["device", "seq"], name="outbox_unique_device_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.device_id}#{self.seq} {self.kind}"
+
+
+class DeviceRequest(models.Model):
+    """A device -> platform request by its client-generated id, so a retry gets the first answer."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="requests")
+    request_id = models.CharField(max_length=64)
+    method = models.CharField(max_length=64)
+    response = models.JSONField(help_text='{"result": ...} or {"error": {...}}')
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["device", "request_id"], name="device_request_unique_id")]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} {self.method} {self.request_id}"
+
+
+class PairingRequest(models.Model):
+    """The QR pairing ceremony (RFC 8628 device authorization grant). Codes are stored hashed."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        SCANNED = "scanned"
+        APPROVED = "approved"
+        DENIED = "denied"
+        CLAIMED = "claimed"
+        EXPIRED = "expired"
+
+    device_code_hash = models.CharField(max_length=64, unique=True)
+    user_code_hash = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=Device.Kind.choices)
+    hostname = models.CharField(max_length=255, blank=True)
+    os = models.CharField(max_length=100, blank=True)
+    client_version = models.CharField(max_length=50, blank=True)
+    ephemeral = models.BooleanField(default=False)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    device = models.OneToOneField(Device, null=True, blank=True, on_delete=models.SET_NULL)
+    requested_from = models.GenericIPAddressField(null=True, blank=True)
+    interval = models.PositiveIntegerField(default=5)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    last_polled_at = models.DateTimeField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"pairing {self.pk} {self.name} ({self.state})"

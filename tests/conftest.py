@@ -1,0 +1,52 @@
+"""Shared fixtures. End-to-end helpers (real daphne, real clients) live in tests/e2e_support.py."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.core.cache import cache
+
+
+@pytest.fixture(autouse=True)
+def _clean_cache():
+    """Rate limits and short-lived state live in the cache; start every test without them."""
+    _clear_cache()
+    yield
+    _clear_cache()
+
+
+def _clear_cache() -> None:
+    if settings.REDIS_URL:
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        try:
+            keys = list(client.scan_iter(f"{settings.REDIS_PREFIX}:cache*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+    else:
+        cache.clear()
+
+
+@pytest.fixture
+def password() -> str:
+    return "correct horse battery staple 42"
+
+
+@pytest.fixture
+def user(django_user_model, password):
+    return django_user_model.objects.create_user(username="alice", password=password, email="alice@example.com")
+
+
+@pytest.fixture
+def other_user(django_user_model, password):
+    return django_user_model.objects.create_user(username="mallory", password=password)
+
+
+@pytest.fixture
+def api(client, user):
+    """A browser-like test client logged in as ``user`` (no OTP device enrolled)."""
+    client.force_login(user)
+    return client

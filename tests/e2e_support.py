@@ -1,0 +1,137 @@
+"""Helpers for end-to-end tests that start real processes (daphne, the bridge, the probe, the hook).
+
+The processes share the test database: use these only from tests that have `transactional_db`
+(so rows are committed and visible to the other processes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, message: str = "") -> Any:
+    """Poll `condition` until it returns something truthy; fail with `message` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - keep polling; report the last error at the deadline
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message or condition}: last error {last_error!r}")
+
+
+def test_database_url() -> str:
+    """The URL of the database the test run uses (pytest-django's test database)."""
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "ai1net.settings",
+            "DATABASE_URL": test_database_url(),
+            "AI1NET_DEBUG": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+        env["AI1NET_REDIS_PREFIX"] = settings.REDIS_PREFIX
+    env.update(extra)
+    return env
+
+
+class Process:
+    """A child process with its output in a log file, stopped (and reaped) by `stop()`."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.alive:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.alive:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        return self.popen.returncode
+
+
+class Daphne(Process):
+    """A real daphne serving ai1net on a free loopback port, against the test database."""
+
+    def __init__(self, tmp_path: Path, port: int | None = None, name: str = "daphne", **env: str) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
+             "ai1net.asgi:application"],
+            tmp_path / f"{name}-{self.port}.log",
+            env=server_env(**env),
+        )
+        wait_until(self._healthy, timeout=30, message=f"daphne on {self.port} (log: {self.log_path})")
+
+    def _healthy(self) -> bool:
+        if not self.alive:
+            raise AssertionError(f"daphne exited: {self.log()}")
+        with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:  # noqa: S310 - loopback
+            return response.status == 200
+
+    def restart(self) -> None:
+        self.stop()
+        self.__init__(self.log_path.parent, port=self.port)  # type: ignore[misc]
