@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractUser
 from django.db import models
+from django.utils import timezone
+from django_otp.models import Device
 
 
 class User(AbstractUser):
@@ -24,3 +26,96 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class BackupCodeDevice(Device):
+    """Single-use backup codes as a django-otp device. Unlike otp_static, only hashes are stored."""
+
+    class Meta(Device.Meta):
+        verbose_name = "backup code set"
+
+    def verify_token(self, token: str) -> bool:
+        from ai1net.accounts.services import backup_code_normalise, hash_secret
+
+        code = backup_code_normalise(token)
+        if not code:
+            return False
+        # The DELETE's row count decides: two concurrent uses of one code cannot both win.
+        deleted, _ = BackupCode.objects.filter(device=self, code_hash=hash_secret(code)).delete()
+        if deleted:
+            self.set_last_used_timestamp(commit=True)
+        return bool(deleted)
+
+    def remaining(self) -> int:
+        return self.codes.count()
+
+
+class BackupCode(models.Model):
+    device = models.ForeignKey(BackupCodeDevice, on_delete=models.CASCADE, related_name="codes")
+    code_hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["device", "code_hash"], name="backup_code_unique")]
+
+    def __str__(self) -> str:
+        return f"backup code #{self.pk}"
+
+
+class FirstRunToken(models.Model):
+    """The one-time link that creates the first operator on an empty database (hash stored only)."""
+
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"first-run link {self.pk} (expires {self.expires_at:%Y-%m-%d %H:%M})"
+
+
+class AuditEntryQuerySet(models.QuerySet):
+    def update(self, **kwargs):  # noqa: ANN201 - append-only: bulk rewrites are refused too
+        raise TypeError("audit entries are append-only")
+
+    def delete(self):  # noqa: ANN201
+        raise TypeError("audit entries are append-only")
+
+
+class AuditEntry(models.Model):
+    """Append-only audit log. Each row carries the hash of the previous one, so edits are detectable.
+
+    The hash covers the snapshot labels (``actor_label``/``subject_label``), not the foreign keys,
+    so deleting a user later (SET_NULL) does not break the chain.
+    """
+
+    GENESIS = "0" * 64
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_label = models.CharField(max_length=200, blank=True)
+    subject = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    subject_label = models.CharField(max_length=200, blank=True)
+    action = models.CharField(max_length=64, db_index=True)
+    data = models.JSONField(default=dict, blank=True)
+    ip = models.CharField(max_length=64, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    objects = AuditEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "audit entries"
+        # One successor per entry: even a bug in the locking could not fork the chain silently.
+        constraints = [models.UniqueConstraint(fields=["prev_hash"], name="audit_prev_hash_unique")]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.action} by {self.actor_label or 'system'}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise TypeError("audit entries are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):  # noqa: ANN201
+        raise TypeError("audit entries are append-only")

@@ -1,22 +1,117 @@
+"""Writes for accounts: API tokens, two-factor devices, switches, the audit log, the first-run link."""
+
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import json
 import secrets
+from base64 import b32encode
+from typing import Any, Literal
 
+from django.db import connection, transaction
 from django.utils import timezone
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from ai1net.accounts.models import ApiToken, User
+from ai1net.accounts.models import ApiToken, AuditEntry, BackupCode, BackupCodeDevice, FirstRunToken, User
+from ai1net.accounts.signals import switch_changed
+from ai1net.exceptions import Conflict, Gone, NotFound, ValidationFailed
 
 API_TOKEN_PREFIX = "ai1_"
+BACKUP_CODE_COUNT = 10
+FIRST_RUN_TTL = dt.timedelta(hours=1)
+SWITCHES: dict[str, str] = {"mobile_reply": "mobile_reply_enabled", "device_web": "device_web_enabled"}
+Switch = Literal["mobile_reply", "device_web"]
+# Any constant will do: it names the PostgreSQL advisory lock that serialises audit appends.
+_AUDIT_LOCK_ID = 0x41314E4554
 
 
 def hash_secret(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def api_token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
+# --- audit log ---------------------------------------------------------------------------------
+
+
+def _label(user: User | None) -> str:
+    return f"{user.get_username()} (#{user.pk})" if user is not None else ""
+
+
+def audit_hash(*, prev_hash: str, created_at: dt.datetime, action: str, actor_label: str, subject_label: str,
+               data: dict[str, Any], ip: str) -> str:
+    """SHA-256 over canonical JSON of the entry's fields plus the previous entry's hash."""
+    stamp = created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    canonical = json.dumps(
+        {"prev": prev_hash, "at": stamp, "action": action, "actor": actor_label, "subject": subject_label,
+         "data": data, "ip": ip},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def audit_record(*, actor: User | None, action: str, subject: User | None = None, data: dict[str, Any],
+                 ip: str | None = None) -> AuditEntry:
+    """Append one entry to the hash-chained audit log. Safe to call inside the caller's transaction.
+
+    Appends are serialised so the chain never forks: an advisory lock on PostgreSQL; on SQLite the
+    IMMEDIATE transaction mode already gives one writer at a time. ``prev_hash`` is unique as well.
+    """
+    # Round-trip through JSON so the hash is computed over exactly what the database will return.
+    data = json.loads(json.dumps(data, default=str))
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_ID])
+        last = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first()
+        prev_hash = last or AuditEntry.GENESIS
+        created_at = timezone.now()
+        fields = {
+            "created_at": created_at, "action": action, "actor_label": _label(actor), "subject_label": _label(subject),
+            "data": data, "ip": ip or "",
+        }
+        return AuditEntry.objects.create(
+            actor=actor, subject=subject, prev_hash=prev_hash, hash=audit_hash(prev_hash=prev_hash, **fields), **fields
+        )
+
+
+# --- operator switches -------------------------------------------------------------------------
+
+
+def user_switch_set(*, actor: User | None, user: User, switch: Switch, enabled: bool, ip: str | None = None) -> bool:
+    """Turn one of ``user``'s switches on or off; audited; ``switch_changed`` is sent after commit.
+
+    Returns False (and records nothing) when the switch already had that value.
+    """
+    if switch not in SWITCHES:
+        raise ValidationFailed(f"Unknown switch {switch!r}.", code="unknown_switch")
+    field = SWITCHES[switch]
+    enabled = bool(enabled)
+    with transaction.atomic():
+        locked = User.objects.select_for_update().get(pk=user.pk)
+        old = getattr(locked, field)
+        if old == enabled:
+            setattr(user, field, enabled)
+            return False
+        User.objects.filter(pk=user.pk).update(**{field: enabled})
+        setattr(user, field, enabled)
+        audit_record(actor=actor, subject=user, action=f"accounts.switch.{switch}",
+                     data={"switch": switch, "old": old, "new": enabled}, ip=ip)
+        transaction.on_commit(
+            lambda: switch_changed.send(sender=User, user=user, switch=switch, enabled=enabled)
+        )
+    return True
+
+
+# --- API tokens --------------------------------------------------------------------------------
+
+
+def api_token_create(*, user: User, name: str, ip: str | None = None) -> tuple[ApiToken, str]:
     raw = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(user=user, name=name, prefix=raw[:12], token_hash=hash_secret(raw))
+    with transaction.atomic():
+        token = ApiToken.objects.create(user=user, name=name[:100] or "token", prefix=raw[:12],
+                                        token_hash=hash_secret(raw))
+        audit_record(actor=user, subject=user, action="accounts.api_token.created",
+                     data={"token_id": token.pk, "name": token.name, "prefix": token.prefix}, ip=ip)
     return token, raw
 
 
@@ -31,5 +126,137 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     return token
 
 
-def api_token_revoke(*, user: User, token_id: int) -> None:
-    ApiToken.objects.filter(user=user, pk=token_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+def api_token_revoke(*, user: User, token_id: int, ip: str | None = None) -> None:
+    with transaction.atomic():
+        revoked = ApiToken.objects.filter(user=user, pk=token_id, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        if not revoked:
+            raise NotFound("No such token.")
+        audit_record(actor=user, subject=user, action="accounts.api_token.revoked", data={"token_id": token_id}, ip=ip)
+
+
+# --- two-factor --------------------------------------------------------------------------------
+
+
+def totp_secret_text(device: TOTPDevice) -> str:
+    return b32encode(device.bin_key).decode()
+
+
+def totp_enrolment_start(*, user: User) -> TOTPDevice:
+    """A fresh unconfirmed TOTP device (replacing any earlier unconfirmed one)."""
+    if TOTPDevice.objects.filter(user=user, confirmed=True).exists():
+        raise Conflict("Two-factor is already set up. Remove it first.", code="otp_exists")
+    with transaction.atomic():
+        TOTPDevice.objects.filter(user=user, confirmed=False).delete()
+        return TOTPDevice.objects.create(user=user, name="Authenticator app", confirmed=False)
+
+
+def totp_enrolment_confirm(*, user: User, token: str, ip: str | None = None) -> tuple[TOTPDevice, list[str]]:
+    """Confirm the pending device with a code from the app; returns it and fresh backup codes (shown once)."""
+    with transaction.atomic():
+        device = TOTPDevice.objects.select_for_update().filter(user=user, confirmed=False).order_by("-id").first()
+        if device is None:
+            raise NotFound("Start the set-up first.", code="no_pending_device")
+        if not device.verify_token((token or "").strip()):
+            raise ValidationFailed("That code is not right. Check the time on your phone and try again.",
+                                   code="bad_code")
+        device.confirmed = True
+        device.save(update_fields=["confirmed"])
+        codes = _backup_codes_replace(user=user)
+        audit_record(actor=user, subject=user, action="accounts.otp.enrolled", data={"device": device.persistent_id},
+                     ip=ip)
+    return device, codes
+
+
+def otp_remove(*, user: User, ip: str | None = None) -> None:
+    with transaction.atomic():
+        TOTPDevice.objects.filter(user=user).delete()
+        for device in BackupCodeDevice.objects.filter(user=user):
+            device.codes.all().delete()
+        BackupCodeDevice.objects.filter(user=user).delete()
+        audit_record(actor=user, subject=user, action="accounts.otp.removed", data={}, ip=ip)
+
+
+def backup_code_normalise(raw: str) -> str:
+    return "".join(ch for ch in (raw or "").lower() if ch.isalnum())
+
+
+def _backup_codes_replace(*, user: User) -> list[str]:
+    BackupCodeDevice.objects.filter(user=user).delete()
+    device = BackupCodeDevice.objects.create(user=user, name="Backup codes", confirmed=True)
+    alphabet = "abcdefghjkmnpqrstuvwxyz23456789"  # no look-alikes
+    codes = ["".join(secrets.choice(alphabet) for _ in range(10)) for _ in range(BACKUP_CODE_COUNT)]
+    BackupCode.objects.bulk_create([BackupCode(device=device, code_hash=hash_secret(code)) for code in codes])
+    return [f"{code[:5]}-{code[5:]}" for code in codes]
+
+
+def backup_codes_generate(*, user: User, ip: str | None = None) -> list[str]:
+    """Replace the user's backup codes; returns the new ones (shown once, stored hashed)."""
+    if not TOTPDevice.objects.filter(user=user, confirmed=True).exists():
+        raise Conflict("Set up an authenticator app first.", code="no_otp")
+    with transaction.atomic():
+        codes = _backup_codes_replace(user=user)
+        audit_record(actor=user, subject=user, action="accounts.backup_codes.generated",
+                     data={"count": len(codes)}, ip=ip)
+    return codes
+
+
+# --- first run ---------------------------------------------------------------------------------
+
+
+def first_run_token_create(*, ttl: dt.timedelta = FIRST_RUN_TTL) -> tuple[FirstRunToken, str] | None:
+    """A one-time link secret for creating the first operator; None once any user exists."""
+    if User.objects.exists():
+        return None
+    raw = secrets.token_urlsafe(32)
+    now = timezone.now()
+    with transaction.atomic():
+        # Only the newest link works: each `make run` prints a fresh one.
+        FirstRunToken.objects.filter(used_at__isnull=True, expires_at__gt=now).update(expires_at=now)
+        token = FirstRunToken.objects.create(token_hash=hash_secret(raw), created_at=now, expires_at=now + ttl)
+    return token, raw
+
+
+def first_run_token_valid(*, raw: str) -> bool:
+    return (
+        not User.objects.exists()
+        and FirstRunToken.objects.filter(token_hash=hash_secret(raw), used_at__isnull=True,
+                                         expires_at__gt=timezone.now()).exists()
+    )
+
+
+def first_run_complete(*, raw: str, username: str, email: str, password: str, ip: str | None = None) -> User:
+    """Burn the link (one conditional UPDATE decides) and create the first operator as a superuser."""
+    with transaction.atomic():
+        now = timezone.now()
+        burned = FirstRunToken.objects.filter(
+            token_hash=hash_secret(raw), used_at__isnull=True, expires_at__gt=now
+        ).update(used_at=now)
+        if not burned:
+            raise Gone("This set-up link is used or expired. Run `make run` again for a new one.", code="link_gone")
+        if User.objects.exists():
+            raise Conflict("The first operator already exists.", code="already_set_up")
+        user = User.objects.create_superuser(username=username, email=email, password=password)
+        audit_record(actor=user, subject=user, action="accounts.first_operator.created", data={}, ip=ip)
+    return user
+
+
+def otp_verify(*, user: User, token: str) -> TOTPDevice | BackupCodeDevice | None:
+    """Check a login code: six digits go to the authenticator app, anything else to the backup codes.
+
+    TOTP refuses a code at or before the last accepted time step (no reuse); a backup code is deleted
+    by the check that accepts it (single use). Rows are locked so concurrent checks cannot both win.
+    """
+    token = (token or "").strip().replace(" ", "")
+    if not token:
+        return None
+    with transaction.atomic():
+        if token.isdigit() and len(token) == 6:
+            devices = list(TOTPDevice.objects.select_for_update().filter(user=user, confirmed=True))
+        else:
+            devices = list(BackupCodeDevice.objects.select_for_update().filter(user=user, confirmed=True))
+        for device in devices:
+            if device.verify_token(token):
+                return device
+    return None

@@ -1,0 +1,76 @@
+"""Reads for accounts: effective switches (user switch AND the platform-wide stop), audit verification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from ai1net.accounts.models import AuditEntry, BackupCodeDevice, User
+
+
+def mobile_reply_active(user: User) -> bool:
+    """Mobile reply is on for this user: the operators' stop is not in force and the user's switch is on."""
+    return bool(settings.MOBILE_REPLY_ENABLED and getattr(user, "is_authenticated", False)
+                and user.is_active and user.mobile_reply_enabled)
+
+
+def device_web_active(user: User) -> bool:
+    return bool(settings.DEVICE_WEB_ENABLED and getattr(user, "is_authenticated", False)
+                and user.is_active and user.device_web_enabled)
+
+
+def global_stops() -> list[str]:
+    """Human-readable names of the platform-wide stops now in force (for banners)."""
+    stops = []
+    if not settings.MOBILE_REPLY_ENABLED:
+        stops.append("mobile reply (AI1NET_MOBILE_REPLY=0)")
+    if not settings.DEVICE_WEB_ENABLED:
+        stops.append("device web (AI1NET_DEVICE_WEB=0)")
+    return stops
+
+
+def totp_confirmed(user: User) -> TOTPDevice | None:
+    return TOTPDevice.objects.filter(user=user, confirmed=True).first()
+
+
+def totp_pending(user: User) -> TOTPDevice | None:
+    return TOTPDevice.objects.filter(user=user, confirmed=False).order_by("-id").first()
+
+
+def backup_codes_remaining(user: User) -> int:
+    device = BackupCodeDevice.objects.filter(user=user).first()
+    return device.remaining() if device else 0
+
+
+def user_needs_otp(user: User) -> bool:
+    return TOTPDevice.objects.filter(user=user, confirmed=True).exists() or BackupCodeDevice.objects.filter(
+        user=user, confirmed=True, codes__isnull=False
+    ).exists()
+
+
+@dataclass(frozen=True)
+class AuditBreak:
+    entry_id: int
+    reason: str
+
+
+def audit_chain_verify() -> tuple[int, AuditBreak | None]:
+    """Walk the chain oldest first; return (entries checked, first break or None)."""
+    from ai1net.accounts.services import audit_hash
+
+    prev = AuditEntry.GENESIS
+    checked = 0
+    for entry in AuditEntry.objects.order_by("id").iterator(chunk_size=2000):
+        if entry.prev_hash != prev:
+            return checked, AuditBreak(entry.pk, "prev_hash does not match the previous entry (a row was removed "
+                                                 "or altered)")
+        expected = audit_hash(prev_hash=entry.prev_hash, created_at=entry.created_at, action=entry.action,
+                              actor_label=entry.actor_label, subject_label=entry.subject_label, data=entry.data,
+                              ip=entry.ip)
+        if entry.hash != expected:
+            return checked, AuditBreak(entry.pk, "content does not match its hash (the row was altered)")
+        prev = entry.hash
+        checked += 1
+    return checked, None
