@@ -53,7 +53,7 @@ DEVICE_WEB_ENABLED = env_bool("AI1NET_DEVICE_WEB", True)
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "ai1net.accounts.admin_config.Ai1netAdminConfig",  # django.contrib.admin, staff need a verified OTP
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
