@@ -1,5 +1,23 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.apps import AppConfig
 
 
 class ProbesConfig(AppConfig):
     name = "probes"
+
+    def ready(self) -> None:
+        try:
+            from devices.signals import device_disconnected
+        except ImportError:  # the devices app has not grown its signals yet
+            return
+        device_disconnected.connect(_fail_in_flight, dispatch_uid="probes.fail_in_flight")
+
+
+def _fail_in_flight(sender: Any, device: Any, **kwargs: Any) -> None:
+    from probes.services import commands_fail_in_flight
+
+    if getattr(device, "kind", None) == "probe":
+        commands_fail_in_flight(device=device)

@@ -1,0 +1,118 @@
+"""The agents' API (per-user API token or the session with CSRF). Thin: parse, call, render."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ai1net.accounts.models import ApiToken
+from ai1net.exceptions import ValidationFailed
+from probes import selectors, services
+from probes.models import ProbeCommand
+
+logger = logging.getLogger(__name__)
+
+MAX_WAIT_SEC = 60.0
+DEFAULT_WAIT_SEC = 10.0
+
+
+def _wait(value: Any, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        wait = float(value)
+    except (TypeError, ValueError):
+        raise ValidationFailed("wait: must be a number of seconds.", code="invalid_wait") from None
+    if isinstance(value, bool) or wait != wait or wait < 0:
+        raise ValidationFailed("wait: must be a number of seconds.", code="invalid_wait")
+    return min(wait, MAX_WAIT_SEC)
+
+
+def _ip(request: Request) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def _command_response(command: ProbeCommand) -> Response:
+    return Response(selectors.command_describe(command), status=200 if command.is_final else 202)
+
+
+def _studio_room_id(user: Any, device: Any) -> Any:
+    try:
+        from im.services import room_get_or_create_studio
+    except ImportError:
+        return None
+    try:
+        return room_get_or_create_studio(user=user, device=device).pk
+    except Exception:
+        logger.exception("no Studio room for probe %s", device.pk)
+        return None
+
+
+class ProbeListApi(APIView):
+    def get(self, request: Request) -> Response:
+        return Response([selectors.probe_describe(d) for d in selectors.probes_for_user(user=request.user)])
+
+
+class ProbeDetailApi(APIView):
+    def get(self, request: Request, probe: str) -> Response:
+        device = selectors.probe_access(user=request.user, probe=probe)
+        return Response({**selectors.probe_describe(device), "room_id": _studio_room_id(request.user, device)})
+
+
+class ProbeCommandsApi(APIView):
+    def get(self, request: Request, probe: str) -> Response:
+        device = selectors.probe_access(user=request.user, probe=probe)
+        commands = selectors.commands_for_probe(user=request.user, device=device)
+        return Response([selectors.command_describe(c) for c in commands])
+
+    def post(self, request: Request, probe: str) -> Response:
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("The body must be a JSON object with op, args and wait.")
+        wait = _wait(request.data.get("wait"), DEFAULT_WAIT_SEC)
+        device = selectors.probe_access(user=request.user, probe=probe)
+        via = ProbeCommand.Via.API if isinstance(request.auth, ApiToken) else ProbeCommand.Via.STUDIO
+        command = services.command_create(
+            user=request.user, device=device, op=request.data.get("op"), args=request.data.get("args"),
+            via=via, ip=_ip(request),
+        )
+        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait)
+        return _command_response(command)
+
+
+class CommandDetailApi(APIView):
+    def get(self, request: Request, command_id: Any) -> Response:
+        # `?wait=N` long-polls, through the owner's decision too.
+        wait = _wait(request.query_params.get("wait"), 0.0)
+        command = selectors.command_wait(user=request.user, command_id=command_id, wait=wait, through_approval=True)
+        return _command_response(command)
+
+
+class CommandApproveApi(APIView):
+    def post(self, request: Request, command_id: Any) -> Response:
+        data = request.data if isinstance(request.data, dict) else {}
+        seen_hash = data.get("args_hash")
+        if seen_hash is not None and not isinstance(seen_hash, str):
+            raise ValidationFailed("args_hash: must be a string.")
+        wait = _wait(data.get("wait"), 0.0)
+        command = services.command_approve(user=request.user, command_id=command_id, seen_hash=seen_hash,
+                                           ip=_ip(request))
+        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait)
+        return _command_response(command)
+
+
+class CommandRejectApi(APIView):
+    def post(self, request: Request, command_id: Any) -> Response:
+        command = services.command_reject(user=request.user, command_id=command_id, ip=_ip(request))
+        return _command_response(command)
+
+
+class ApprovalsApi(APIView):
+    """What waits for my decision: for Studio and the phone page."""
+
+    def get(self, request: Request) -> Response:
+        services.commands_expire()
+        return Response([selectors.command_describe(c) for c in selectors.approvals_for_user(user=request.user)])

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+from django.db.models import Case, IntegerField, QuerySet, Value, When
+from django.utils import timezone
+
+from ai1net.exceptions import NotFound
+from devices.models import Device
+from probes.models import ProbeCommand
+from probes.ops import probe_modes
+
+# Set by services when a command reaches a final state in this process, so a waiter wakes at once;
+# other processes are seen by re-reading the row (every POLL_SEC).
+finished = threading.Condition()
+POLL_SEC = 0.2
+
+
+def probes_for_user(*, user: Any) -> QuerySet[Device]:
+    """The user's active probes, online ones first, then the most recently seen."""
+    return (
+        Device.objects.filter(owner=user, kind=Device.Kind.PROBE, status=Device.Status.ACTIVE)
+        .annotate(_offline=Case(When(channel_name="", then=Value(1)), default=Value(0), output_field=IntegerField()))
+        .order_by("_offline", "-last_seen_at", "-created_at")
+    )
+
+
+def probe_access(*, user: Any, probe: str) -> Device:
+    """`probe` is the device id or its name. On a name shared by several active probes, the most recent
+    online one wins. Someone else's, revoked or unknown → 404."""
+    probes = probes_for_user(user=user)
+    try:
+        device = probes.filter(pk=uuid.UUID(str(probe))).first()
+    except ValueError:
+        device = None
+    if device is None:
+        device = probes.filter(name=probe).first()
+    if device is None:
+        raise NotFound("No such probe.", code="probe_not_found")
+    return device
+
+
+def probe_describe(device: Device) -> dict[str, Any]:
+    return {
+        "id": str(device.id),
+        "name": device.name,
+        "online": device.is_online,
+        "hostname": device.hostname,
+        "os": device.os,
+        "version": device.client_version,
+        "roots": device.roots if isinstance(device.roots, list) else [],
+        "modes": sorted(probe_modes(device.capabilities)),
+        "last_seen_at": device.last_seen_at.isoformat() if device.last_seen_at else None,
+    }
+
+
+def command_access(*, user: Any, command_id: Any) -> ProbeCommand:
+    try:
+        key = uuid.UUID(str(command_id))
+    except ValueError:
+        raise NotFound("No such command.", code="command_not_found") from None
+    command = ProbeCommand.objects.select_related("device").filter(pk=key, owner=user).first()
+    if command is None:
+        raise NotFound("No such command.", code="command_not_found")
+    return command
+
+
+def commands_for_probe(*, user: Any, device: Device, limit: int = 50) -> list[ProbeCommand]:
+    rows = ProbeCommand.objects.select_related("device").filter(owner=user, device=device)[:limit]
+    return list(reversed(rows))  # oldest first, like a conversation
+
+
+def approvals_for_user(*, user: Any) -> QuerySet[ProbeCommand]:
+    return (
+        ProbeCommand.objects.select_related("device")
+        .filter(owner=user, state=ProbeCommand.State.AWAITING_APPROVAL, expires_at__gt=timezone.now())
+        .order_by("created_at")
+    )
+
+
+def command_wait(*, user: Any, command_id: Any, wait: float, through_approval: bool = False) -> ProbeCommand:
+    """Re-read the command until it is final or `wait` seconds pass. A command awaiting approval
+    returns at once unless `through_approval` (the agent long-polls for the user's decision)."""
+    deadline = time.monotonic() + max(0.0, wait)
+    while True:
+        command = command_access(user=user, command_id=command_id)
+        if command.is_final:
+            return command
+        if command.state == ProbeCommand.State.AWAITING_APPROVAL and not through_approval:
+            return command
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return command
+        with finished:
+            finished.wait(min(POLL_SEC, remaining))
+
+
+def command_describe(command: ProbeCommand) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": str(command.id),
+        "probe": {"id": str(command.device_id), "name": command.device.name},
+        "op": command.op,
+        "args": command.args,
+        "args_hash": command.args_hash,
+        "state": command.state,
+        "via": command.via,
+        "created_at": command.created_at.isoformat(),
+        "expires_at": command.expires_at.isoformat() if command.expires_at else None,
+        "approved_at": command.approved_at.isoformat() if command.approved_at else None,
+        "sent_at": command.sent_at.isoformat() if command.sent_at else None,
+        "finished_at": command.finished_at.isoformat() if command.finished_at else None,
+    }
+    if command.preview:
+        body["preview"] = command.preview
+    if command.state == ProbeCommand.State.DONE:
+        body["result"] = command.result
+    elif command.error:
+        body["error"] = command.error
+    return body

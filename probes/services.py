@@ -1,0 +1,319 @@
+"""The authorization gateway: every probe command is a record that moves
+awaiting_approval → approved | rejected → sent → done | failed (or expired).
+
+Reads are approved by policy and sent at once; write / run / run_background / stop wait for the
+owner, whose approval is bound to the hash of the exact arguments and consumed by ONE conditional
+UPDATE approved → sent, so it is used once and never replayed (a reconnect never re-sends a `sent`
+command). The device call runs in a background thread that records the result in the row; HTTP
+callers wait on the row (selectors.command_wait), never on the call itself.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ai1net.exceptions import ApplicationError, Conflict
+from devices.models import Device
+from probes import selectors
+from probes.models import APPROVAL_OPS, ProbeCommand
+from probes.ops import args_hash, probe_modes, required_mode, validate
+
+logger = logging.getLogger(__name__)
+State = ProbeCommand.State
+
+APPROVAL_TTL = timedelta(seconds=getattr(settings, "PROBES_APPROVAL_TTL_SEC", 15 * 60))
+CALL_TIMEOUT_SEC = float(getattr(settings, "PROBES_CALL_TIMEOUT_SEC", 60))
+MAX_CALL_TIMEOUT_SEC = float(getattr(settings, "PROBES_MAX_CALL_TIMEOUT_SEC", 15 * 60))
+ROOM_RESULT_CHARS = 16_000  # what a room message carries of a result; the full result stays in the row
+PREVIEW_CHARS = 200_000
+NOT_FOUND_CODES = frozenset({"not_found", "file_not_found", "no_such_file", "ENOENT"})
+
+
+# --- seams to the other apps (imported late: tests replace them, and the apps import each other) ---
+
+def device_call(*, device: Device, method: str, params: dict, timeout: float) -> dict:
+    from devices.services import device_call as call
+
+    return call(device=device, method=method, params=params, timeout=timeout)
+
+
+def audit_record(*, actor: Any, action: str, subject: Any = None, data: dict, ip: str | None = None) -> None:
+    from ai1net.accounts.services import audit_record as record
+
+    record(actor=actor, action=action, subject=subject, data=data, ip=ip)
+
+
+def room_post(*, command: ProbeCommand, text: str) -> None:
+    """Post into the probe's Studio room so the conversation sees it. Never fails the command."""
+    try:
+        from im.services import message_post, room_get_or_create_studio
+
+        room = room_get_or_create_studio(user=command.owner, device=command.device)
+        body = {"text": text, "probe_command": str(command.pk), "op": command.op, "state": command.state}
+        message_post(room=room, author_device=command.device, kind="event", body=body)
+    except Exception:
+        logger.exception("could not post probe command %s into its Studio room", command.pk)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = ProbeCommand.Via.API,
+                   ip: str | None = None) -> ProbeCommand:
+    op, args = validate(op, args)
+    if device.owner_id != user.pk or device.kind != Device.Kind.PROBE:
+        raise ApplicationError("No such probe.", code="probe_not_found", status=404)
+    commands_expire()
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "owner": user, "device": device, "requested_by": user, "via": via, "op": op, "args": args,
+        "args_hash": args_hash(op, args),
+    }
+    mode = required_mode(op)
+    if mode and mode not in probe_modes(device.capabilities):
+        # Refuse early: asking the owner to approve what the probe will refuse anyway helps nobody.
+        error = {"code": "not_permitted", "detail": f"This probe was not started with --{mode}; {op} is not permitted."}
+        with transaction.atomic():
+            command = ProbeCommand.objects.create(**fields, state=State.FAILED, error=error, finished_at=now)
+            _audit(command, actor=user, action="probe.command.refused", ip=ip, code="not_permitted")
+        room_post(command=command, text=_summary(command))
+        return command
+    if op in APPROVAL_OPS:
+        with transaction.atomic():
+            command = ProbeCommand.objects.create(
+                **fields, state=State.AWAITING_APPROVAL, expires_at=now + APPROVAL_TTL,
+                preview=args.get("diff", "") if op == "write" else "",
+            )
+            if op == "write" and "content" in args:
+                transaction.on_commit(lambda: _in_background(command_preview_build, command_id=command.pk))
+        room_post(command=command, text=_summary(command))
+        return command
+    with transaction.atomic():
+        # Reads are approved by policy: the same single-use transition below sends them.
+        command = ProbeCommand.objects.create(
+            **fields, state=State.APPROVED, approval_hash=fields["args_hash"], approved_at=now
+        )
+        transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk))
+    return command
+
+
+def command_approve(*, user: Any, command_id: Any, seen_hash: str | None = None,
+                    ip: str | None = None) -> ProbeCommand:
+    """The owner approves exactly these arguments. `seen_hash` (optional) is the args_hash the
+    approver was shown: if it differs, the approval is refused."""
+    command = selectors.command_access(user=user, command_id=command_id)
+    if seen_hash is not None and seen_hash != command.args_hash:
+        raise Conflict("These are not the arguments you were shown; review the command again.",
+                       code="args_changed")
+    commands_expire()
+    now = timezone.now()
+    with transaction.atomic():
+        updated = ProbeCommand.objects.filter(
+            pk=command.pk, owner=user, state=State.AWAITING_APPROVAL, expires_at__gt=now,
+        ).update(state=State.APPROVED, approval_hash=F("args_hash"), approved_by=user, approved_at=now)
+        if not updated:
+            command.refresh_from_db()
+            code = "expired" if command.state == State.EXPIRED else "not_awaiting_approval"
+            raise Conflict(f"This command is {command.state.replace('_', ' ')}, not awaiting approval.", code=code)
+        _audit(command, actor=user, action="probe.command.approved", ip=ip)
+        transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk))
+    command.refresh_from_db()
+    room_post(command=command, text=f"✔ approved by {user.get_username()}: {_request_line(command)}")
+    return command
+
+
+def command_reject(*, user: Any, command_id: Any, ip: str | None = None) -> ProbeCommand:
+    command = selectors.command_access(user=user, command_id=command_id)
+    now = timezone.now()
+    with transaction.atomic():
+        updated = ProbeCommand.objects.filter(pk=command.pk, owner=user, state=State.AWAITING_APPROVAL).update(
+            state=State.REJECTED, finished_at=now,
+            error={"code": "rejected", "detail": f"Skipped by {user.get_username()}."},
+        )
+        if not updated:
+            command.refresh_from_db()
+            raise Conflict(f"This command is {command.state.replace('_', ' ')}, not awaiting approval.",
+                           code="not_awaiting_approval")
+        _audit(command, actor=user, action="probe.command.rejected", ip=ip)
+    command.refresh_from_db()
+    _notify_finished()
+    room_post(command=command, text=f"✘ skipped by {user.get_username()}: {_request_line(command)}")
+    return command
+
+
+def command_send(*, command_id: Any) -> ProbeCommand | None:
+    """Consume the approval (approved → sent, once) and call the probe. Returns None when another
+    caller consumed it first or the command is no longer approved."""
+    now = timezone.now()
+    consumed = ProbeCommand.objects.filter(
+        pk=command_id, state=State.APPROVED, approval_hash=F("args_hash")
+    ).update(state=State.SENT, sent_at=now)
+    if not consumed:
+        return None
+    command = ProbeCommand.objects.select_related("device", "owner").get(pk=command_id)
+    if args_hash(command.op, command.args) != command.approval_hash:
+        # The stored arguments are not what was approved (the row changed): never send them.
+        _finish(command, state=State.FAILED,
+                error={"code": "approval_mismatch", "detail": "The arguments differ from the approved ones."})
+        _audit(command, actor=command.owner, action="probe.command.refused", code="approval_mismatch")
+        return command
+    try:
+        result = device_call(device=command.device, method=f"probe.{command.op}", params=command.args,
+                             timeout=_call_timeout(command))
+    except ApplicationError as exc:
+        _finish(command, state=State.FAILED, error={"code": exc.code, "detail": exc.detail})
+    except Exception:
+        logger.exception("probe command %s failed", command.pk)
+        _finish(command, state=State.FAILED, error={"code": "internal_error", "detail": "The platform failed."})
+    else:
+        _finish(command, state=State.DONE, result=result)
+    return command
+
+
+def command_preview_build(*, command_id: Any) -> None:
+    """Before the owner approves a write with full content, show the diff against the file as it is now."""
+    command = ProbeCommand.objects.select_related("device").filter(
+        pk=command_id, op="write", state=State.AWAITING_APPROVAL
+    ).first()
+    if command is None or "content" not in command.args:
+        return
+    path = command.args["path"]
+    note = "(no preview: the current file could not be shown as text)"
+    try:
+        current = _text_of(device_call(device=command.device, method="probe.read", params={"path": path},
+                                       timeout=CALL_TIMEOUT_SEC))
+    except ApplicationError as exc:
+        current = "" if exc.code in NOT_FOUND_CODES else None  # a new file diffs against nothing
+        note = f"(no preview: {exc.code}: {exc.detail})"
+    if current is None:
+        preview = note
+    else:
+        new = command.args["content"]
+        preview = "".join(difflib.unified_diff(
+            current.splitlines(keepends=True), new.splitlines(keepends=True),
+            fromfile=f"a/{path}" if current else "/dev/null", tofile=f"b/{path}",
+        )) or "(no change)"
+    ProbeCommand.objects.filter(pk=command.pk, state=State.AWAITING_APPROVAL).update(
+        preview=preview[:PREVIEW_CHARS]
+    )
+    _notify_finished()
+
+
+def commands_expire(*, now: Any = None) -> int:
+    """Approvals that waited too long expire; commands lost in `sent` (a process died mid-call) fail."""
+    now = now or timezone.now()
+    stale = list(ProbeCommand.objects.filter(state=State.AWAITING_APPROVAL, expires_at__lte=now)
+                 .select_related("owner")[:200])
+    count = 0
+    for command in stale:
+        with transaction.atomic():
+            if ProbeCommand.objects.filter(pk=command.pk, state=State.AWAITING_APPROVAL).update(
+                state=State.EXPIRED, finished_at=now,
+                error={"code": "expired", "detail": "Nobody approved this command in time."},
+            ):
+                count += 1
+                _audit(command, actor=command.owner, action="probe.command.expired")
+    lost_before = now - timedelta(seconds=MAX_CALL_TIMEOUT_SEC + 60)
+    count += ProbeCommand.objects.filter(state=State.SENT, sent_at__lt=lost_before).update(
+        state=State.FAILED, finished_at=now, error={"code": "lost", "detail": "No answer from the probe was recorded."}
+    )
+    if count:
+        _notify_finished()
+    return count
+
+
+def commands_fail_in_flight(*, device: Device) -> int:
+    """The probe went away: whatever was sent and not answered fails; nothing is re-sent later."""
+    count = ProbeCommand.objects.filter(device=device, state=State.SENT).update(
+        state=State.FAILED, finished_at=timezone.now(),
+        error={"code": "device_offline", "detail": "The probe disconnected before answering."},
+    )
+    if count:
+        _notify_finished()
+    return count
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dict | None = None) -> None:
+    finished = ProbeCommand.objects.filter(pk=command.pk, state=State.SENT).update(
+        state=state, result=result, error=error, finished_at=timezone.now()
+    )
+    if not finished:  # already failed (disconnect) or swept: the first outcome stands
+        return
+    command.refresh_from_db()
+    _notify_finished()
+    room_post(command=command, text=_summary(command))
+
+
+def _audit(command: ProbeCommand, *, actor: Any, action: str, ip: str | None = None, **extra: Any) -> None:
+    audit_record(actor=actor, action=action, ip=ip, data={
+        "command": str(command.pk), "device": str(command.device_id), "op": command.op,
+        "args_hash": command.args_hash, **extra,
+    })
+
+
+def _notify_finished() -> None:
+    with selectors.finished:
+        selectors.finished.notify_all()
+
+
+def _in_background(function: Any, **kwargs: Any) -> None:
+    def run() -> None:
+        try:
+            function(**kwargs)
+        except Exception:
+            logger.exception("background %s(%s) failed", function.__name__, kwargs)
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    threading.Thread(target=run, name=f"probes-{function.__name__}", daemon=True).start()
+
+
+def _call_timeout(command: ProbeCommand) -> float:
+    timeout = command.args.get("timeout")
+    if command.op == "run" and isinstance(timeout, (int, float)):
+        return min(MAX_CALL_TIMEOUT_SEC, float(timeout) + 15)
+    return CALL_TIMEOUT_SEC
+
+
+def _text_of(result: Any) -> str | None:
+    """The file text from a probe `read` result, whichever of the usual shapes it has."""
+    if not isinstance(result, dict) or result.get("binary") or result.get("encoding") == "base64":
+        return None
+    for key in ("content", "text"):
+        if isinstance(result.get(key), str):
+            return result[key]
+    lines = result.get("lines")
+    if isinstance(lines, list):
+        texts = [line.get("text", "") if isinstance(line, dict) else str(line) for line in lines]
+        return "".join(text if text.endswith("\n") else text + "\n" for text in texts)
+    return None
+
+
+def _request_line(command: ProbeCommand) -> str:
+    args = command.args
+    target = args.get("path") or args.get("pattern") or " ".join(args.get("argv") or []) or args.get("handle") or ""
+    return f"{command.op} {target}".strip()
+
+
+def _summary(command: ProbeCommand) -> str:
+    line = _request_line(command)
+    if command.state == State.AWAITING_APPROVAL:
+        return f"⏳ {line}: waiting for your approval"
+    if command.state == State.DONE:
+        body = json.dumps(command.result, ensure_ascii=False, indent=1)
+        if len(body) > ROOM_RESULT_CHARS:
+            body = body[:ROOM_RESULT_CHARS] + "\n… (truncated; the full result is on the command)"
+        return f"✔ {line}\n{body}"
+    error = command.error or {}
+    return f"✘ {line}: {command.state} ({error.get('code', '')}: {error.get('detail', '')})"
