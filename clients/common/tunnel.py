@@ -1,0 +1,395 @@
+"""The device side of the tunnel: one outbound WebSocket, JSON-RPC 2.0 frames (see clients/protocol.py).
+
+``Tunnel.run()`` keeps the connection up: it reconnects with exponential backoff and full jitter,
+says ``hello`` with the last seq the device applied, hands each new ``deliver`` to ``on_deliver``
+exactly once (the callback records the seq durably; items at or below it are only re-acked), answers
+platform requests through ``on_request``, sends heartbeats and drops a platform that went silent.
+Close codes 4401/4403 are final: ``run()`` raises ``FinalCloseError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import uuid
+from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from clients import protocol
+
+log = logging.getLogger("ai1net.tunnel")
+
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 60.0
+ACK_EVERY = 100  # while items keep arriving, ack at least this often (one ack covers all before it)
+
+DeliverHandler = Callable[[int, str, Dict[str, Any]], Awaitable[None]]
+RequestHandler = Callable[[str, Dict[str, Any]], Awaitable[Optional[Dict[str, Any]]]]
+
+
+class FinalCloseError(Exception):
+    """The platform refused this device for good (4401 unknown token, 4403 revoked): do not retry."""
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        self.code = code
+        self.reason = reason or protocol.CLOSE_REASONS.get(code, "")
+        super().__init__(f"{self.reason} (close code {code})")
+
+
+class RemoteError(Exception):
+    """The platform answered a ``Tunnel.call`` with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data or {}
+
+    @property
+    def app_code(self) -> Optional[str]:
+        """The application error code (e.g. ``mobile_reply_off``) of a -32000 error."""
+        value = self.data.get("code")
+        return value if isinstance(value, str) else None
+
+
+class RequestError(Exception):
+    """Raise from ``on_request`` to answer the platform with this JSON-RPC error."""
+
+    def __init__(self, message: str, *, code: int = protocol.APPLICATION_ERROR, data: Optional[Dict[str, Any]] = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class MethodNotFound(RequestError):
+    def __init__(self, method: str) -> None:
+        super().__init__(f"unknown method {method!r}", code=protocol.METHOD_NOT_FOUND)
+
+
+def backoff_delay(attempt: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP, rng=random.random) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2**attempt)) so a fleet of devices doesn't reconnect in step."""
+    return rng() * min(cap, base * (2 ** min(attempt, 32)))
+
+
+def tunnel_url(url: str) -> str:
+    """The platform's base URL (http/https) -> the tunnel's WebSocket URL (ws/wss)."""
+    url = url.strip().rstrip("/")
+    if url.startswith("https://"):
+        url = "wss://" + url[len("https://") :]
+    elif url.startswith("http://"):
+        url = "ws://" + url[len("http://") :]
+    elif not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"the platform URL must start with http:// or https://, got {url!r}")
+    if url.endswith(protocol.TUNNEL_PATH):
+        return url
+    return url + protocol.TUNNEL_PATH
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+class Tunnel:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        hello: Dict[str, Any],
+        applied_seq: Callable[[], int],
+        on_deliver: DeliverHandler,
+        on_request: Optional[RequestHandler] = None,
+        heartbeat_sec: Optional[float] = None,
+        backoff_base: Optional[float] = None,
+        backoff_cap: Optional[float] = None,
+        open_timeout: float = 15.0,
+        user_agent: str = "ai1net-client",
+    ) -> None:
+        self.ws_url = tunnel_url(url)
+        self._token = token
+        self.hello = dict(hello)
+        self.applied_seq = applied_seq
+        self.on_deliver = on_deliver
+        self.on_request = on_request
+        self.heartbeat_sec = heartbeat_sec  # overrides the platform's heartbeatSec when set
+        if backoff_base is None:
+            backoff_base = _env_float("AI1NET_BACKOFF_BASE", BACKOFF_BASE)
+        if backoff_cap is None:
+            backoff_cap = _env_float("AI1NET_BACKOFF_CAP", BACKOFF_CAP)
+        self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
+        self.open_timeout = open_timeout
+        self.user_agent = user_agent
+        # Construct inside the running loop (asyncio primitives bind to it on Python 3.9).
+        self.connected = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._ws: Any = None
+        self._waiters: Dict[str, asyncio.Future] = {}
+        self._pending_calls: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+        self._request_tasks: Set[asyncio.Future] = set()
+        self._last_rx = 0.0
+        self.hello_reply: Dict[str, Any] = {}
+        self.device_id: Optional[str] = None
+        self.connections = 0  # sessions that completed hello, for status and tests
+
+    # --- public ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        attempt = 0
+        try:
+            while not self._stopping.is_set():
+                established, close_code = False, None
+                try:
+                    established, close_code = await self._connect_once()
+                except FinalCloseError:
+                    raise
+                except (OSError, asyncio.TimeoutError, ConnectionClosed, InvalidStatus) as exc:
+                    log.warning("tunnel to %s: %s", self.ws_url, _describe(exc))
+                except Exception:
+                    log.exception("tunnel to %s failed", self.ws_url)
+                if self._stopping.is_set():
+                    break
+                # A replaced connection (4409) means another copy of this device is online:
+                # keep backing off instead of taking the tunnel back at once, forever.
+                if established and close_code != protocol.CLOSE_REPLACED:
+                    attempt = 0
+                delay = backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap)
+                attempt += 1
+                log.info("reconnecting in %.2fs", delay)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+        except FinalCloseError as exc:
+            self._fail_calls(exc)
+            raise
+        finally:
+            self.connected.clear()
+        self._fail_calls(ConnectionError("the tunnel was stopped"))
+
+    async def call(self, method: str, params: Optional[Dict[str, Any]] = None, timeout: float = 30.0) -> Any:
+        """Device -> platform request. Waits across reconnects and resends with the same id, so the
+        platform answers a retry from its stored first result. Raises RemoteError, asyncio.TimeoutError."""
+        request_id = str(uuid.uuid4())
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = future
+        self._pending_calls[request_id] = (method, dict(params or {}))
+        try:
+            if self._ws is not None and self.connected.is_set():
+                await self._send(self._ws, protocol.request(method, params or {}, request_id))
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiters.pop(request_id, None)
+            self._pending_calls.pop(request_id, None)
+
+    # --- one connection --------------------------------------------------------------------
+    async def _connect_once(self) -> Tuple[bool, Optional[int]]:
+        headers = {"Authorization": f"Bearer {self._token}", "User-Agent": self.user_agent}
+        try:
+            ws = await connect(
+                self.ws_url,
+                additional_headers=headers,
+                max_size=protocol.MAX_FRAME_BYTES,
+                ping_interval=None,  # the protocol's own heartbeats keep the line and prove the consumer alive
+                open_timeout=self.open_timeout,
+                close_timeout=5,
+            )
+        except InvalidStatus as exc:
+            if exc.response.status_code == 401:
+                raise FinalCloseError(protocol.CLOSE_UNAUTHORIZED) from exc
+            raise
+        before = self.connections
+        try:
+            await self._session(ws)
+        except ConnectionClosed:
+            pass  # the close code below says what happened
+        finally:
+            self._ws = None
+            self.connected.clear()
+            await ws.close()
+        established = self.connections > before
+        code = ws.close_code
+        if code in protocol.FINAL_CLOSE_CODES:
+            raise FinalCloseError(code, protocol.CLOSE_REASONS.get(code) or (ws.close_reason or ""))
+        if code is not None and code != protocol.CLOSE_NORMAL:
+            log.info("tunnel closed: %s %s", code, ws.close_reason or protocol.CLOSE_REASONS.get(code, ""))
+        return established, code
+
+    async def _session(self, ws: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self._last_rx = loop.time()
+        deliveries: asyncio.Queue = asyncio.Queue()
+        hello_id = str(uuid.uuid4())
+        hello_future = loop.create_future()
+        self._waiters[hello_id] = hello_future
+        reader = asyncio.ensure_future(self._reader(ws, deliveries))
+        tasks = [reader]
+        try:
+            params = dict(self.hello)
+            params.setdefault("protocolVersion", protocol.PROTOCOL_VERSION)
+            params["ackedSeq"] = int(self.applied_seq())
+            await ws.send(protocol.request(protocol.HELLO, params, hello_id))
+            done, _ = await asyncio.wait(
+                {hello_future, reader}, timeout=self.open_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if hello_future not in done:
+                if reader in done:
+                    return  # closed before the hello reply; the caller reads the close code
+                raise asyncio.TimeoutError("no reply to hello")
+            reply = hello_future.result()
+            if not isinstance(reply, dict):
+                raise RemoteError(protocol.INVALID_REQUEST, "hello reply is not an object")
+            self.hello_reply = reply
+            self.device_id = reply.get("deviceId")
+            heartbeat = float(self.heartbeat_sec or reply.get("heartbeatSec") or protocol.DEFAULT_HEARTBEAT_SEC)
+            tasks.append(asyncio.ensure_future(self._deliverer(ws, deliveries)))
+            tasks.append(asyncio.ensure_future(self._heartbeat(ws, heartbeat)))
+            stopper = asyncio.ensure_future(self._stopping.wait())
+            tasks.append(stopper)
+            self._ws = ws
+            self.connections += 1
+            self.connected.set()
+            log.info("tunnel up: device %s, heartbeat %ss, resend from %s", self.device_id, heartbeat,
+                     reply.get("resendFrom"))
+            for request_id, (method, call_params) in list(self._pending_calls.items()):
+                await self._send(ws, protocol.request(method, call_params, request_id))
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is stopper or task.cancelled():
+                    continue
+                error = task.exception()
+                if error is not None and not isinstance(error, ConnectionClosed):
+                    raise error
+            if stopper in done:
+                await ws.close(protocol.CLOSE_NORMAL, "device stopping")
+        finally:
+            self._waiters.pop(hello_id, None)
+            for task in tasks + list(self._request_tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, *self._request_tasks, return_exceptions=True)
+            self._request_tasks.clear()
+
+    async def _reader(self, ws: Any, deliveries: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async for text in ws:
+                self._last_rx = loop.time()
+                try:
+                    message = protocol.parse(text)
+                except protocol.ProtocolError as exc:
+                    log.warning("bad frame from the platform: %s", exc.message)
+                    continue
+                if protocol.is_response(message):
+                    self._resolve(message)
+                elif protocol.is_notification(message):
+                    self._notification(message, deliveries)
+                else:
+                    task = asyncio.ensure_future(self._answer(ws, message))
+                    self._request_tasks.add(task)
+                    task.add_done_callback(self._request_tasks.discard)
+        except ConnectionClosed:
+            pass
+
+    def _resolve(self, message: Dict[str, Any]) -> None:
+        future = self._waiters.get(str(message["id"]))
+        if future is None or future.done():
+            return  # an answer to a retry we already have, or to a call that timed out
+        if "error" in message:
+            err = message["error"]
+            future.set_exception(RemoteError(err["code"], err["message"], err.get("data")))
+        else:
+            future.set_result(message.get("result"))
+
+    def _notification(self, message: Dict[str, Any], deliveries: asyncio.Queue) -> None:
+        method, params = message["method"], message["params"]
+        if method == protocol.DELIVER:
+            seq, kind, payload = params.get("seq"), params.get("kind"), params.get("payload", {})
+            if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not isinstance(kind, str):
+                log.warning("ignoring a malformed deliver: %r", params)
+                return
+            deliveries.put_nowait((seq, kind, payload if isinstance(payload, dict) else {"value": payload}))
+        elif method != protocol.HEARTBEAT:
+            log.debug("ignoring notification %s", method)
+
+    async def _deliverer(self, ws: Any, deliveries: asyncio.Queue) -> None:
+        unacked: Optional[int] = None
+        since_ack = 0
+        while True:
+            if unacked is not None and (deliveries.empty() or since_ack >= ACK_EVERY):
+                await ws.send(protocol.notification(protocol.ACK, {"seq": unacked}))
+                unacked, since_ack = None, 0
+            seq, kind, payload = await deliveries.get()
+            applied = int(self.applied_seq())
+            if seq > applied:
+                if seq != applied + 1:
+                    log.warning("deliver seq %s after applied %s: a gap in the outbox", seq, applied)
+                await self.on_deliver(seq, kind, payload)  # records seq durably; raising ends this connection
+            unacked = seq if unacked is None else max(unacked, seq)
+            since_ack += 1
+
+    async def _heartbeat(self, ws: Any, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        silent_limit = interval * protocol.HEARTBEAT_MISSES
+        tick = max(0.05, min(1.0, interval / 4))
+        next_beat = loop.time() + interval
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            if now - self._last_rx > silent_limit:
+                log.warning("the platform was silent for %.0fs; reconnecting", now - self._last_rx)
+                await ws.close(protocol.CLOSE_HEARTBEAT_TIMEOUT, "no heartbeat")
+                return
+            if now >= next_beat:
+                await ws.send(protocol.notification(protocol.HEARTBEAT))
+                next_beat = now + interval
+
+    async def _answer(self, ws: Any, message: Dict[str, Any]) -> None:
+        request_id, method = message["id"], message["method"]
+        try:
+            if self.on_request is None:
+                raise MethodNotFound(method)
+            value = await self.on_request(method, message["params"])
+            frame = protocol.result(request_id, {} if value is None else value)
+            if len(frame.encode("utf-8")) > protocol.MAX_FRAME_BYTES:
+                frame = protocol.error(request_id, protocol.APPLICATION_ERROR, "result larger than the frame cap",
+                                       {"code": "too_large"})
+        except RequestError as exc:
+            frame = protocol.error(request_id, exc.code, exc.message, exc.data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("handling %s failed", method)
+            frame = protocol.error(request_id, protocol.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        await self._send(ws, frame)
+
+    async def _send(self, ws: Any, frame: str) -> None:
+        try:
+            await ws.send(frame)
+        except ConnectionClosed:
+            pass  # the reader notices; pending calls are resent after the reconnect
+
+    def _fail_calls(self, exc: BaseException) -> None:
+        for request_id in list(self._pending_calls):
+            future = self._waiters.get(request_id)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, InvalidStatus):
+        return f"the platform refused the connection (HTTP {exc.response.status_code})"
+    text = str(exc) or type(exc).__name__
+    return text
