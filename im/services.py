@@ -1,0 +1,133 @@
+"""Writes for rooms, messages and panels. Events leave through im.events after commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ai1net.exceptions import Conflict, NotFound, ValidationFailed
+from im import events, panels
+from im.models import Message, Panel, PanelAction, Room, RoomMember
+from im.selectors import access_panel, access_room
+
+MAX_TEXT_CHARS = 8000
+
+
+def room_create(*, kind: str, owner: Any, device: Any = None, agent_session_id: str = "", title: str = "") -> Room:
+    with transaction.atomic():
+        room = Room.objects.create(kind=kind, owner=owner, device=device, agent_session_id=agent_session_id,
+                                   title=title[:200])
+        RoomMember.objects.create(room=room, user=owner)
+    return room
+
+
+def _get_or_create_room(*, lookup: dict, create: dict) -> tuple[Room, bool]:
+    room = Room.objects.filter(**lookup).first()
+    if room is not None:
+        return room, False
+    try:
+        with transaction.atomic():
+            return room_create(**create), True
+    except IntegrityError:  # a concurrent caller created it first
+        return Room.objects.get(**lookup), False
+
+
+def room_open_for_session(*, owner: Any, device: Any, agent_session_id: str, title: str = "") -> Room:
+    """The agent session's room, created on first use and reopened if a resumed session comes back."""
+    room, created = _get_or_create_room(
+        lookup={"kind": Room.Kind.AGENT_SESSION, "device": device, "agent_session_id": agent_session_id},
+        create={"kind": Room.Kind.AGENT_SESSION, "owner": owner, "device": device,
+                "agent_session_id": agent_session_id, "title": title},
+    )
+    if not created:
+        changes: dict[str, Any] = {}
+        if room.state != Room.State.OPEN:
+            changes.update(state=Room.State.OPEN, closed_at=None)
+        if title and title != room.title:
+            changes["title"] = title[:200]
+        if changes:
+            Room.objects.filter(pk=room.pk).update(**changes)
+            room.refresh_from_db()
+    return room
+
+
+def room_close(*, room: Room) -> Room:
+    if Room.objects.filter(pk=room.pk, state=Room.State.OPEN).update(state=Room.State.CLOSED,
+                                                                       closed_at=timezone.now()):
+        events.room_closed(room.pk)
+    room.refresh_from_db()
+    return room
+
+
+def room_get_or_create_studio(*, user: Any, device: Any) -> Room:
+    """The user's Studio room for one device (probes post their results here)."""
+    room, _ = _get_or_create_room(
+        lookup={"kind": Room.Kind.STUDIO, "owner": user, "device": device},
+        create={"kind": Room.Kind.STUDIO, "owner": user, "device": device, "title": f"Studio: {device.name}"},
+    )
+    return room
+
+
+def message_post(*, room: Room, author_user: Any = None, author_device: Any = None, kind: str,
+                 body: dict) -> Message:
+    """Append a message; its seq comes from one UPDATE on the room row, so writers queue, never collide."""
+    if kind not in Message.Kind.values:
+        raise ValidationFailed(f"Unknown message kind {kind!r}.")
+    if author_user is not None and author_device is not None:
+        raise ValidationFailed("A message has one author.")
+    with transaction.atomic():
+        # The UPDATE takes the row lock (PostgreSQL) / the write lock (SQLite) until commit.
+        Room.objects.filter(pk=room.pk).update(next_seq=F("next_seq") + 1)
+        seq = Room.objects.values_list("next_seq", flat=True).get(pk=room.pk) - 1
+        message = Message.objects.create(room=room, seq=seq, author_user=author_user, author_device=author_device,
+                                         kind=kind, body=body)
+    events.message_created(message)
+    return message
+
+
+def text_post(*, actor: Any, room_id: Any, text: str) -> Message:
+    room = access_room(user=actor, room_id=room_id)
+    text = (text or "").strip()
+    if not text:
+        raise ValidationFailed("Write something first.")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValidationFailed(f"A message holds at most {MAX_TEXT_CHARS} characters.")
+    if not room.is_open:
+        raise Conflict("This room is closed.", code="room_closed")
+    return message_post(room=room, author_user=actor, kind=Message.Kind.TEXT, body={"text": text})
+
+
+def panel_create(*, room: Room, kind: str, spec: dict, message: Message | None = None, ref_id: str = "",
+                 state: str = "open") -> Panel:
+    panel = Panel.objects.create(room=room, message=message, kind=kind, spec=spec, ref_id=ref_id, state=state)
+    events.panel_updated(panel)
+    return panel
+
+
+def panel_state_set(*, panel: Panel, state: str, spec_update: dict | None = None) -> Panel:
+    panel.state = state
+    if spec_update:
+        panel.spec = {**panel.spec, **spec_update}
+    panel.save(update_fields=["state", "spec", "updated_at"])
+    events.panel_updated(panel)
+    return panel
+
+
+def panel_act(*, actor: Any, room_id: Any, panel_id: Any, action: str, data: dict) -> dict:
+    """Run ``action`` on a panel as ``actor`` (always the session user) through the kind's handler."""
+    room = access_room(user=actor, room_id=room_id)
+    panel = access_panel(room=room, panel_id=panel_id)
+    handler = panels.handler_for(panel.kind)
+    if handler is None:
+        raise NotFound("This panel takes no actions.", code="no_handler")
+    if not isinstance(data, dict):
+        raise ValidationFailed("data must be an object.")
+    # The handler owns its transaction (and audits its refusals), so it is not wrapped here.
+    result = handler(actor=actor, panel=panel, action=action, data=data)
+    # Secrets in the payload (a burned nonce) are not kept.
+    kept = {key: value for key, value in data.items() if key != "nonce"}
+    PanelAction.objects.create(panel=panel, actor=actor, action=action, data=kept)
+    return result

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from ai1net.accounts.selectors import mobile_reply_active
+from devices.models import Device
+from mobile.events import question_data, session_data
+from mobile.models import AgentSession, PhoneMessage, Question
+
+RECENT = timedelta(minutes=30)
+
+
+def pending_questions(*, user: Any) -> list[dict]:
+    """The user's waiting questions, each with the nonce the phone must present."""
+    from mobile.services import nonce_for  # the derivation lives with the writes
+
+    questions = (Question.objects.select_related("session")
+                 .filter(device__owner=user, state=Question.State.PENDING, expires_at__gt=timezone.now())
+                 .order_by("created_at"))
+    return [question_data(q, nonce=nonce_for(q)) for q in questions[:100]]
+
+
+def recent_questions(*, user: Any) -> list[dict]:
+    """Questions settled lately, so the page can say plainly what became of them."""
+    questions = (Question.objects.select_related("session")
+                 .filter(device__owner=user, created_at__gte=timezone.now() - RECENT)
+                 .exclude(state=Question.State.PENDING).order_by("-created_at"))
+    return [question_data(q) for q in questions[:50]]
+
+
+def open_sessions(*, user: Any) -> list[dict]:
+    sessions = (AgentSession.objects.filter(device__owner=user, state=AgentSession.State.OPEN,
+                                            device__status=Device.Status.ACTIVE).order_by("-created_at"))
+    return [session_data(s) for s in sessions[:50]]
+
+
+def queue_depth(*, user: Any) -> int:
+    waiting = Question.objects.filter(device__owner=user, state=Question.State.PENDING,
+                                      expires_at__gt=timezone.now()).count()
+    queued = PhoneMessage.objects.filter(session__device__owner=user).exclude(
+        state=PhoneMessage.State.CONSUMED).count()
+    return waiting + queued
+
+
+def mobile_state(*, user: Any) -> dict:
+    bridges = Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE)
+    return {
+        "mobile_reply": mobile_reply_active(user),
+        "global_stop": not settings.MOBILE_REPLY_ENABLED,
+        "bridges": [
+            {"device_id": str(d.pk), "name": d.name, "online": d.is_online,
+             "last_seen_at": d.last_seen_at.isoformat() if d.last_seen_at else None}
+            for d in bridges
+        ],
+        "queue_depth": queue_depth(user=user),
+        "sessions": open_sessions(user=user),
+    }

@@ -1,0 +1,554 @@
+"""Mobile reply writes: sessions, questions with one-time nonces, answers, phone messages, the switch.
+
+Device-facing services take the authenticated ``device`` (from its token, via the tunnel);
+phone-facing services take ``actor`` (the session user). Neither trusts an identity in a body.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ai1net.accounts.selectors import mobile_reply_active
+from ai1net.accounts.services import audit_record, hash_secret
+from ai1net.exceptions import (
+    ApplicationError,
+    Conflict,
+    Forbidden,
+    Gone,
+    NotFound,
+    ValidationFailed,
+)
+from devices.models import Device
+from devices.services import outbox_enqueue
+from im import services as im_services
+from im.models import Message, Panel, Room
+from mobile import events
+from mobile.models import AgentSession, Answer, PhoneMessage, Question
+
+# The hook gives up after window_sec; the question stays answerable a moment longer so an answer
+# sent at the last second is not refused while the hook is still reading its queue.
+EXPIRY_SLACK = timedelta(seconds=2)
+MAX_WINDOW_SEC = 3600
+MAX_TEXT_CHARS = 8000
+MOVED_REASONS = ("timeout", "switch_off", "hook_gone")
+
+OUTBOX_ANSWER = "mobile.answer"
+OUTBOX_QUESTION_CLOSED = "mobile.question_closed"
+OUTBOX_MESSAGE = "mobile.message"
+OUTBOX_KEEP_GOING = "mobile.keep_going"
+OUTBOX_SWITCH = "mobile.switch"
+
+
+class MobileReplyOff(ApplicationError):
+    code = "mobile_reply_off"
+    status = 409
+    default_detail = "Mobile reply is off for this user."
+
+
+# --- the nonce ---------------------------------------------------------------------------------
+
+
+def nonce_for(question: Question) -> str:
+    """The question's 128-bit nonce: HMAC(server key, id + random salt). Only its hash is stored;
+    the owner's /pending re-derives it, so a database dump alone cannot answer anything."""
+    message = f"ai1net.mobile.nonce:{question.pk}:{question.nonce_salt}".encode()
+    digest = hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).digest()[:16]
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _audit(*, actor: Any, action: str, question: Question | None = None, subject: Any = None, data: dict,
+           ip: str | None = None) -> None:
+    """Audit in the caller's transaction; device actions have no actor, their subject is the owner."""
+    if question is not None:
+        data = {"question_id": str(question.pk), **data}
+        subject = subject or question.device.owner
+    audit_record(actor=actor, action=action, subject=subject, data=data, ip=ip)
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def _clean_questions(questions: Any) -> list[dict]:
+    """The AskUserQuestion contract: 1-4 questions, each with header and 2-4 labelled options."""
+    if not isinstance(questions, list) or not 1 <= len(questions) <= 4:
+        raise ValidationFailed("questions must be a list of 1 to 4 questions.")
+    texts: set[str] = set()
+    for item in questions:
+        if not isinstance(item, dict):
+            raise ValidationFailed("Each question must be an object.")
+        text = item.get("question")
+        if not isinstance(text, str) or not text.strip() or len(text) > 2000:
+            raise ValidationFailed("Each question needs its text.")
+        if text in texts:
+            raise ValidationFailed(f"The question {text!r} is asked twice.")
+        texts.add(text)
+        if not isinstance(item.get("header", ""), str) or not isinstance(item.get("multiSelect", False), bool):
+            raise ValidationFailed(f"The question {text!r} has a bad header or multiSelect.")
+        options = item.get("options")
+        if not isinstance(options, list) or not 2 <= len(options) <= 4:
+            raise ValidationFailed(f"The question {text!r} needs 2 to 4 options.")
+        labels = [option.get("label") if isinstance(option, dict) else None for option in options]
+        if any(not isinstance(label, str) or not label for label in labels) or len(set(labels)) != len(labels):
+            raise ValidationFailed(f"The options of {text!r} need distinct labels.")
+    return questions
+
+
+def _clean_answer(questions: list[dict], answers: Any, other: Any) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Check a phone answer against the question as asked; every question needs labels, text or both."""
+    if not isinstance(answers, dict):
+        raise ValidationFailed("answers must map question text to labels.")
+    if other is None:
+        other = {}
+    if not isinstance(other, dict):
+        raise ValidationFailed("other must map question text to free text.")
+    by_text = {q["question"]: q for q in questions}
+    for text in [*answers, *other]:
+        if text not in by_text:
+            raise ValidationFailed(f"There is no question {text!r}.", code="unknown_question")
+    chosen: dict[str, list[str]] = {}
+    free: dict[str, str] = {}
+    for text, question in by_text.items():
+        raw = answers.get(text, [])
+        labels = [raw] if isinstance(raw, str) else raw
+        if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+            raise ValidationFailed(f"The answer to {text!r} must be a list of labels.")
+        labels = list(dict.fromkeys(labels))
+        known = [option["label"] for option in question["options"]]
+        for label in labels:
+            if label not in known:
+                raise ValidationFailed(f"{label!r} is not an option of {text!r}.", code="unknown_label")
+        if len(labels) > 1 and not question.get("multiSelect", False):
+            raise ValidationFailed(f"{text!r} takes one option.", code="single_select")
+        note = other.get(text, "")
+        if not isinstance(note, str) or len(note) > MAX_TEXT_CHARS:
+            raise ValidationFailed(f"The other answer to {text!r} must be text up to {MAX_TEXT_CHARS} characters.")
+        note = note.strip()
+        if not labels and not note:
+            raise ValidationFailed(f"{text!r} has no answer yet.", code="unanswered")
+        chosen[text] = labels
+        if note:
+            free[text] = note
+    return chosen, free
+
+
+# --- sessions (device side) -------------------------------------------------------------------
+
+
+def _require_bridge(device: Device) -> None:
+    if device.kind != Device.Kind.BRIDGE or device.status != Device.Status.ACTIVE:
+        raise Forbidden("Only an active bridge takes part in mobile reply.")
+
+
+def session_start(*, device: Device, session_id: str, cwd: str = "", source: str = "", host: str = "",
+                  title: str = "") -> dict:
+    """Register an agent session (idempotent per session_id) and open its room."""
+    _require_bridge(device)
+    if not isinstance(session_id, str) or not session_id or len(session_id) > 200:
+        raise ValidationFailed("session_id is required.")
+    title = (title or "").strip() or (cwd.rstrip("/").rsplit("/", 1)[-1] if cwd else "") or "Agent session"
+    with transaction.atomic():
+        room = im_services.room_open_for_session(owner=device.owner, device=device, agent_session_id=session_id,
+                                                 title=title)
+        session, created = AgentSession.objects.get_or_create(
+            device=device, session_id=session_id,
+            defaults={"room": room, "cwd": cwd[:1000], "host": host[:255], "source": source[:32], "title": title[:200]},
+        )
+        if not created and session.state != AgentSession.State.OPEN:
+            AgentSession.objects.filter(pk=session.pk).update(state=AgentSession.State.OPEN, ended_at=None,
+                                                              end_reason="", source=source[:32])
+            session.refresh_from_db()
+        events.session_updated(session, owner_id=device.owner_id)
+    return {"room_id": str(room.pk), "mobile_reply": mobile_reply_active(device.owner)}
+
+
+def session_end(*, device: Device, session_id: str, reason: str = "") -> dict:
+    """The session is over: its room closes, waiting questions are cancelled, the phone is told."""
+    _require_bridge(device)
+    session = AgentSession.objects.filter(device=device, session_id=session_id).select_related("room").first()
+    if session is None:
+        return {}
+    now = timezone.now()
+    with transaction.atomic():
+        ended = AgentSession.objects.filter(pk=session.pk, state=AgentSession.State.OPEN).update(
+            state=AgentSession.State.ENDED, ended_at=now, end_reason=str(reason)[:64])
+        waiting = list(Question.objects.filter(session=session, state=Question.State.PENDING))
+        Question.objects.filter(pk__in=[q.pk for q in waiting], state=Question.State.PENDING).update(
+            state=Question.State.CANCELLED, state_reason="session_ended", decided_at=now)
+        for question in waiting:
+            question.refresh_from_db()
+            question.session = session
+            _panel_follow(question)
+            events.question_updated(question, owner_id=device.owner_id)
+        if ended:
+            im_services.room_close(room=session.room)
+            session.refresh_from_db()
+            events.session_updated(session, owner_id=device.owner_id)
+            _audit(actor=None, action="mobile.session_end", subject=device.owner,
+                   data={"device_id": str(device.pk), "session_id": session_id, "reason": str(reason)[:64],
+                         "cancelled": [str(q.pk) for q in waiting]})
+    return {}
+
+
+def _session_for_question(device: Device, session_id: str) -> AgentSession:
+    session = AgentSession.objects.filter(device=device, session_id=session_id).first()
+    if session is None:  # the bridge was installed mid-session: register it now
+        session_start(device=device, session_id=session_id)
+        session = AgentSession.objects.get(device=device, session_id=session_id)
+    if session.state != AgentSession.State.OPEN:
+        raise Gone("This agent session has ended.", code="session_ended")
+    return session
+
+
+# --- questions (device side) ------------------------------------------------------------------
+
+
+def question_create(*, device: Device, question_id: str, session_id: str, questions: Any, window_sec: Any,
+                    tool_use_id: str = "") -> dict:
+    """Store an AskUserQuestion with a fresh nonce, post its panel, push it to the phone.
+
+    Idempotent per device-chosen ``question_id``: a retry returns the stored question's state.
+    """
+    _require_bridge(device)
+    try:
+        qid = uuid.UUID(str(question_id))
+    except ValueError:
+        raise ValidationFailed("question_id must be a UUID.") from None
+    existing = Question.objects.filter(pk=qid).first()
+    if existing is not None:
+        if existing.device_id != device.pk:
+            raise ValidationFailed("question_id is already in use.")
+        return _question_reply(existing)
+    if not mobile_reply_active(device.owner):
+        raise MobileReplyOff()
+    questions = _clean_questions(questions)
+    if isinstance(window_sec, bool) or not isinstance(window_sec, int | float) or not 1 <= window_sec <= MAX_WINDOW_SEC:
+        raise ValidationFailed(f"window_sec must be between 1 and {MAX_WINDOW_SEC}.")
+    session = _session_for_question(device, session_id)
+    now = timezone.now()
+    with transaction.atomic():
+        question = Question(
+            id=qid, device=device, session=session, room_id=session.room_id, tool_use_id=str(tool_use_id)[:200],
+            questions=questions, nonce_salt=secrets.token_hex(16), window_sec=int(window_sec),
+            expires_at=now + timedelta(seconds=float(window_sec)) + EXPIRY_SLACK,
+        )
+        nonce = nonce_for(question)
+        question.nonce_hash = hash_secret(nonce)
+        question.save(force_insert=True)
+        room = Room.objects.get(pk=session.room_id)
+        message = im_services.message_post(room=room, author_device=device, kind=Message.Kind.QUESTION,
+                                           body={"question_id": str(qid), "questions": questions})
+        panel = im_services.panel_create(room=room, message=message, kind="mobile.question", ref_id=str(qid),
+                                         state=Question.State.PENDING,
+                                         spec={"question_id": str(qid), "session_id": session_id,
+                                               "questions": questions, "expires_at": question.expires_at.isoformat()})
+        Question.objects.filter(pk=qid).update(panel=panel)
+        question.panel = panel
+        question.session = session
+        _audit(actor=None, action="mobile.question",
+               question=question, data={"device_id": str(device.pk), "session_id": session_id,
+                                        "window_sec": int(window_sec)})
+        events.question_created(question, owner_id=device.owner_id, nonce=nonce)
+    return _question_reply(question)
+
+
+def _question_reply(question: Question) -> dict:
+    return {"question_id": str(question.pk), "state": question.state, "expires_at": question.expires_at.isoformat(),
+            "mobile_reply": mobile_reply_active(question.device.owner)}
+
+
+def _panel_follow(question: Question) -> None:
+    if question.panel_id:
+        panel = Panel.objects.filter(pk=question.panel_id).first()
+        if panel is not None:
+            reason = {"reason": question.state_reason} if question.state_reason else None
+            im_services.panel_state_set(panel=panel, state=question.state, spec_update=reason)
+
+
+def question_move(*, device: Device, question_id: str, reason: str) -> dict:
+    """The hook gave up waiting (timeout, switch off, killed): the question now belongs to the desk."""
+    _require_bridge(device)
+    if reason not in MOVED_REASONS:
+        raise ValidationFailed(f"reason must be one of {', '.join(MOVED_REASONS)}.")
+    question = _device_question(device, question_id)
+    with transaction.atomic():
+        moved = Question.objects.filter(pk=question.pk, state=Question.State.PENDING).update(
+            state=Question.State.MOVED_TO_DESKTOP, state_reason=reason, decided_at=timezone.now())
+        question.refresh_from_db()
+        if moved:
+            _panel_follow(question)
+            _audit(actor=None, action="mobile.question_moved", question=question,
+                   data={"device_id": str(device.pk), "reason": reason})
+            events.question_updated(question, owner_id=device.owner_id)
+    return {"state": question.state}
+
+
+def _device_question(device: Device, question_id: Any) -> Question:
+    try:
+        qid = uuid.UUID(str(question_id))
+    except ValueError:
+        raise NotFound("No such question.") from None
+    question = Question.objects.select_related("session").filter(pk=qid, device=device).first()
+    if question is None:
+        raise NotFound("No such question.")
+    return question
+
+
+def _split_desktop_value(question: dict, value: Any) -> tuple[list[str], str]:
+    """'A, B' from the desk back to labels; what matches no label is kept as free text."""
+    if isinstance(value, list):
+        parts = [str(v) for v in value]
+    else:
+        value = str(value)
+        known = {option["label"] for option in question["options"]}
+        if value in known:
+            return [value], ""
+        parts = [part.strip() for part in value.split(", ")]
+    known = {option["label"] for option in question["options"]}
+    labels = [part for part in parts if part in known]
+    rest = [part for part in parts if part not in known and part]
+    return labels, ", ".join(rest)
+
+
+def desktop_answer_record(*, device: Device, session_id: str, tool_use_id: str = "", question_id: Any = None,
+                          answers: Any = None) -> dict:
+    """PostToolUse saw an answer given at the desk. First answer wins: a phone answer stays."""
+    _require_bridge(device)
+    query = Question.objects.select_related("session").filter(device=device)
+    if question_id:
+        try:
+            query = query.filter(pk=uuid.UUID(str(question_id)))
+        except ValueError:
+            raise ValidationFailed("question_id must be a UUID.") from None
+    elif tool_use_id:
+        query = query.filter(session__session_id=session_id, tool_use_id=str(tool_use_id))
+    else:
+        raise ValidationFailed("question_id or tool_use_id is required.")
+    question = query.order_by("-created_at").first()
+    if question is None:
+        return {"state": "unknown"}
+    answers = answers if isinstance(answers, dict) else {}
+    with transaction.atomic():
+        taken = Question.objects.filter(
+            pk=question.pk,
+            state__in=[Question.State.PENDING, Question.State.MOVED_TO_DESKTOP, Question.State.EXPIRED],
+        ).update(state=Question.State.ANSWERED_ON_DESKTOP, decided_at=timezone.now())
+        question.refresh_from_db()
+        if taken:
+            chosen: dict[str, list[str]] = {}
+            free: dict[str, str] = {}
+            for item in question.questions:
+                if item["question"] in answers:
+                    labels, rest = _split_desktop_value(item, answers[item["question"]])
+                    chosen[item["question"]] = labels
+                    if rest:
+                        free[item["question"]] = rest
+            Answer.objects.create(question=question, actor=None, via=Answer.Via.DESKTOP, answers=chosen, other=free)
+            _panel_follow(question)
+            room = Room.objects.get(pk=question.room_id)
+            im_services.message_post(room=room, author_device=device, kind=Message.Kind.ANSWER,
+                                     body={"question_id": str(question.pk), "via": "desktop", "answers": chosen,
+                                           "other": free})
+            _audit(actor=None, action="mobile.desktop_answer", question=question,
+                   data={"device_id": str(device.pk), "answers": chosen, "other": free})
+            events.question_updated(question, owner_id=device.owner_id)
+    return {"state": question.state}
+
+
+def messages_consume(*, device: Device, message_ids: Any) -> dict:
+    """A hook injected these phone messages into the session: mark them consumed (once)."""
+    _require_bridge(device)
+    if not isinstance(message_ids, list):
+        raise ValidationFailed("message_ids must be a list.")
+    ids = []
+    for raw in message_ids[:500]:
+        try:
+            ids.append(uuid.UUID(str(raw)))
+        except ValueError:
+            continue
+    with transaction.atomic():
+        mine = list(PhoneMessage.objects.select_related("session").filter(
+            pk__in=ids, session__device=device).exclude(state=PhoneMessage.State.CONSUMED))
+        PhoneMessage.objects.filter(pk__in=[m.pk for m in mine]).update(state=PhoneMessage.State.CONSUMED,
+                                                                         consumed_at=timezone.now())
+        for message in mine:
+            message.state = PhoneMessage.State.CONSUMED
+            events.message_updated(message, owner_id=device.owner_id)
+    return {}
+
+
+# --- the phone side ---------------------------------------------------------------------------
+
+
+def _own_question(actor: Any, question_id: Any) -> Question:
+    try:
+        qid = uuid.UUID(str(question_id))
+    except ValueError:
+        raise NotFound("No such question.") from None
+    question = (Question.objects.select_related("session", "device")
+                .filter(pk=qid, device__owner=actor).first() if actor.is_authenticated else None)
+    if question is None:
+        raise NotFound("No such question.")
+    return question
+
+
+def _require_active(actor: Any) -> None:
+    if not actor.is_authenticated or not mobile_reply_active(actor):
+        raise NotFound()
+
+
+_REFUSALS = {
+    Question.State.ANSWERED: (Conflict, "already_answered", "This question was already answered."),
+    Question.State.ANSWERED_ON_DESKTOP: (Conflict, "answered_on_desktop", "It was answered on the desktop."),
+    Question.State.MOVED_TO_DESKTOP: (Conflict, "moved_to_desktop", "It moved to the desktop; answer it there."),
+    Question.State.EXPIRED: (Gone, "expired", "This question expired."),
+    Question.State.CANCELLED: (Gone, "session_ended", "The agent session ended."),
+}
+
+
+def _refusal(question: Question, nonce: str, now: datetime) -> ApplicationError:
+    """Name why a conditional update took no row (re-reading the row, never guessing)."""
+    question.refresh_from_db()
+    if question.state == Question.State.PENDING:
+        if question.expires_at <= now:
+            question_expire(question=question)
+            return Gone("This question expired.", code="expired")
+        if not hmac.compare_digest(question.nonce_hash, hash_secret(nonce)):
+            return Forbidden("This answer does not carry the question's nonce.", code="bad_nonce")
+        return Conflict("Try again.", code="retry")
+    cls, code, detail = _REFUSALS[question.state]
+    return cls(detail, code=code)
+
+
+def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, other: Any = None,
+                  ip: str | None = None) -> dict:
+    """Answer a question from the phone. The nonce is burned by ONE conditional UPDATE: its row count
+    decides the single winner, on SQLite and PostgreSQL alike."""
+    _require_active(actor)
+    question = _own_question(actor, question_id)
+    chosen, free = _clean_answer(question.questions, answers, other)
+    nonce = nonce if isinstance(nonce, str) else ""
+    now = timezone.now()
+    with transaction.atomic():
+        won = Question.objects.filter(
+            pk=question.pk, state=Question.State.PENDING, nonce_hash=hash_secret(nonce), expires_at__gt=now,
+        ).update(state=Question.State.ANSWERED, decided_at=now)
+        if won:
+            question.refresh_from_db()
+            Answer.objects.create(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free)
+            outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
+                "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
+            })
+            room = Room.objects.get(pk=question.room_id)
+            im_services.message_post(room=room, author_user=actor, kind=Message.Kind.ANSWER,
+                                     body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
+                                           "other": free})
+            _panel_follow(question)
+            _audit(actor=actor, action="mobile.answer", question=question, ip=ip,
+                   data={"answers": chosen, "other": free})
+            events.question_updated(question, owner_id=actor.pk)
+    if not won:
+        refusal = _refusal(question, nonce, now)
+        _audit(actor=actor, action="mobile.answer_refused", question=question, ip=ip,
+               data={"reason": refusal.code, "status": refusal.status})
+        raise refusal
+    return {"state": Question.State.ANSWERED.value}
+
+
+def question_expire(*, question: Question) -> bool:
+    """Mark a pending question whose time is up as expired (lazily, on read or on a late answer)."""
+    with transaction.atomic():
+        done = Question.objects.filter(pk=question.pk, state=Question.State.PENDING,
+                                       expires_at__lte=timezone.now()).update(state=Question.State.EXPIRED)
+        if done:
+            question.refresh_from_db()
+            _panel_follow(question)
+            events.question_updated(question, owner_id=question.device.owner_id)
+    return bool(done)
+
+
+def questions_expire_due(*, user: Any) -> int:
+    due = Question.objects.select_related("session", "device").filter(
+        device__owner=user, state=Question.State.PENDING, expires_at__lte=timezone.now())
+    return sum(question_expire(question=q) for q in due)
+
+
+def _own_session(actor: Any, session_id: str) -> AgentSession:
+    session = (AgentSession.objects.select_related("device", "room")
+               .filter(device__owner=actor, session_id=session_id).order_by("-created_at").first())
+    if session is None:
+        raise NotFound("No such session.")
+    if session.state != AgentSession.State.OPEN:
+        raise Gone("This agent session has ended.", code="session_ended")
+    return session
+
+
+def phone_message_send(*, actor: Any, session_id: str, text: Any, ip: str | None = None) -> PhoneMessage:
+    """Queue free text for an agent session; the bridge injects it at the next prompt or Stop."""
+    _require_active(actor)
+    if not isinstance(text, str) or not text.strip():
+        raise ValidationFailed("Write something first.")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValidationFailed(f"A message holds at most {MAX_TEXT_CHARS} characters.")
+    session = _own_session(actor, session_id)
+    with transaction.atomic():
+        message = PhoneMessage.objects.create(session=session, author=actor, text=text.strip())
+        outbox_enqueue(device=session.device, kind=OUTBOX_MESSAGE, payload={
+            "message_id": str(message.pk), "session_id": session.session_id, "text": message.text})
+        im_services.message_post(room=session.room, author_user=actor, kind=Message.Kind.TEXT,
+                                 body={"text": message.text, "phone_message_id": str(message.pk)})
+        _audit(actor=actor, action="mobile.message", ip=ip,
+               data={"session_id": session.session_id, "message_id": str(message.pk), "chars": len(message.text)})
+        events.message_updated(message, owner_id=actor.pk)
+    return message
+
+
+def keep_going_set(*, actor: Any, session_id: str, enabled: bool, ip: str | None = None) -> AgentSession:
+    """The phone's "keep this session going" switch, forwarded to the bridge's Stop hook."""
+    _require_active(actor)
+    if not isinstance(enabled, bool):
+        raise ValidationFailed("enabled must be true or false.")
+    session = _own_session(actor, session_id)
+    with transaction.atomic():
+        AgentSession.objects.filter(pk=session.pk).update(keep_going=enabled)
+        session.keep_going = enabled
+        outbox_enqueue(device=session.device, kind=OUTBOX_KEEP_GOING,
+                       payload={"session_id": session.session_id, "enabled": enabled})
+        _audit(actor=actor, action="mobile.keep_going", ip=ip,
+               data={"session_id": session.session_id, "enabled": enabled})
+        events.session_updated(session, owner_id=actor.pk)
+    return session
+
+
+# --- the switch --------------------------------------------------------------------------------
+
+
+def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
+    """Tell the user's bridges (or ``devices``) the effective switch; when it is off, waiting questions
+    move to the desktop at once (the hooks stop waiting when the bridge hears it)."""
+    enabled = mobile_reply_active(user)
+    bridges = devices if devices is not None else list(
+        Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE))
+    with transaction.atomic():
+        for device in bridges:
+            outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
+        if not enabled and devices is None:
+            waiting = list(Question.objects.select_related("session", "device").filter(
+                device__owner=user, state=Question.State.PENDING))
+            for question in waiting:
+                if Question.objects.filter(pk=question.pk, state=Question.State.PENDING).update(
+                        state=Question.State.MOVED_TO_DESKTOP, state_reason="switch_off", decided_at=timezone.now()):
+                    question.refresh_from_db()
+                    _panel_follow(question)
+                    events.question_updated(question, owner_id=user.pk)
+        events.switch_changed(user_id=user.pk, enabled=enabled)
+    return enabled
