@@ -51,6 +51,11 @@ if PUBLIC_URL:
 MOBILE_REPLY_ENABLED = env_bool("AI1NET_MOBILE_REPLY", True)
 DEVICE_WEB_ENABLED = env_bool("AI1NET_DEVICE_WEB", True)
 
+# Device tunnel and pairing (devices app). Tests and the end-to-end runs lower these.
+DEVICE_HEARTBEAT_SEC = float(os.environ.get("AI1NET_HEARTBEAT_SEC", "20"))
+DEVICE_EPHEMERAL_GRACE_SEC = float(os.environ.get("AI1NET_EPHEMERAL_GRACE_SEC", "30"))
+DEVICE_PAIRING_INTERVAL_SEC = int(os.environ.get("AI1NET_PAIRING_INTERVAL_SEC", "5"))
+
 INSTALLED_APPS = [
     "daphne",
     "ai1net.accounts.admin_config.Ai1netAdminConfig",  # django.contrib.admin, staff need a verified OTP

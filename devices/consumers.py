@@ -1,0 +1,435 @@
+"""The device tunnel (/ws/device) and the owner's live device list (/ws/devices).
+
+Tunnel, per connection:
+- authenticates by ``Authorization: Bearer <token>`` (accepted first, then closed 4401/4403 so the
+  client can read the code), waits for ``hello``, becomes the device's live connection (an older one
+  is closed with 4409), joins ``device_group(device_id)``;
+- delivers the durable outbox in seq order with at most ``WINDOW`` unacked items in flight. It reads
+  the database on hello, on every doorbell (``devices.outbox``) and on every heartbeat tick, so a
+  lost doorbell delays an item by one heartbeat at most; acks are written coalesced;
+- runs device -> platform requests through ``devices.rpc.dispatch`` (idempotent per request id);
+- closes a silent peer (4408) and sustained abuse (4400).
+
+Channel-layer messages another process or consumer may send to ``device_group(device_id)``:
+- ``{"type": "device.call", call_id, reply_channel, method, params}``: a JSON-RPC request with
+  id=call_id; the answer goes to reply_channel as ``{"type": "device.call.reply", call_id,
+  response: {"result": ...} | {"error": {...}}}`` (see ``devices.services.adevice_call``). If the
+  tunnel closes first, the error has ``data.code = "device_offline"``.
+- ``{"type": "device.forward", "frame": str}``: send a raw protocol frame to the device as is.
+- ``{"type": "device.stream_open", "stream": str, "reply_channel": str}``: from now on, every
+  notification from the device whose ``params.stream`` equals ``stream`` is sent to reply_channel as
+  ``{"type": "device.stream", "stream", "frame": {...parsed message...}}``; when the tunnel closes,
+  reply_channel gets ``{"type": "device.stream.closed", "stream"}``.
+- ``{"type": "device.stream_close", "stream": str}``: forget the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from ai1net.exceptions import ApplicationError
+from clients import protocol
+from devices import events, rpc, selectors, services, signals
+from devices.models import Device
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 256  # unacked deliveries in flight per connection
+ABUSE_LIMIT = 20  # malformed frames ...
+ABUSE_WINDOW_SEC = 10.0  # ... within this many seconds close the tunnel with 4400
+SEEN_WRITE_SEC = 60.0  # last_seen_at is written at most this often while connected
+GROUP_REFRESH_SEC = 3600.0  # re-join the group well before the layer's group expiry (1 day)
+MAX_LIST = 200
+
+# Background tasks that outlive a consumer (ephemeral expiry): keep references so they run to the end.
+_background: set[asyncio.Task] = set()
+
+
+def _bearer(scope: dict[str, Any]) -> str:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+def _ephemeral_dead(device: Device) -> bool:
+    if not device.ephemeral or device.channel_name or device.disconnected_at is None:
+        return False
+    return (timezone.now() - device.disconnected_at).total_seconds() > settings.DEVICE_EPHEMERAL_GRACE_SEC
+
+
+async def _expire_ephemeral_later(device_id: Any) -> None:
+    await asyncio.sleep(settings.DEVICE_EPHEMERAL_GRACE_SEC + 0.2)
+    try:
+        await database_sync_to_async(services.device_expire_ephemeral)(device_id=device_id)
+    except Exception:
+        logger.exception("expiring ephemeral device %s failed", device_id)
+
+
+def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
+    version = params.get("protocolVersion")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError("protocolVersion must be a positive integer")
+    if params.get("kind") not in (None, device.kind):
+        raise ValueError(f"this token belongs to a {device.kind}, not a {params.get('kind')}")
+    acked = params.get("ackedSeq", 0)
+    if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
+        raise ValueError("ackedSeq must be a non-negative integer")
+    capabilities = params.get("capabilities") or []
+    roots = params.get("roots") or []
+    ports = params.get("ports") or []
+    if not isinstance(capabilities, list) or not all(isinstance(c, str) and len(c) <= 100 for c in capabilities):
+        raise ValueError("capabilities must be a list of strings")
+    if not isinstance(roots, list) or not all(isinstance(r, str) and len(r) <= 4096 for r in roots):
+        raise ValueError("roots must be a list of strings")
+    if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
+        raise ValueError("ports must be a list of integers")
+    if max(len(capabilities), len(roots), len(ports)) > MAX_LIST:
+        raise ValueError(f"at most {MAX_LIST} capabilities, roots or ports")
+    version_text = params.get("version", "")
+    return {"protocolVersion": version, "kind": device.kind, "version": str(version_text)[:50],
+            "capabilities": capabilities, "ports": ports, "roots": roots, "ackedSeq": acked}
+
+
+class DeviceConsumer(AsyncWebsocketConsumer):
+    device: Device | None = None
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.closing = False
+        self.hello_done = False
+        self.connected_at = loop.time()
+        self.last_received = loop.time()
+        self.last_seen_write = loop.time()
+        self.group_added_at = 0.0
+        self.abuse: collections.deque[float] = collections.deque()
+        self.last_sent = self.acked = self.acked_flushed = 0
+        self.maybe_more = False
+        self.pumping = False
+        self.pump_again = False
+        self.ack_task: asyncio.Task | None = None
+        self.ticker: asyncio.Task | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.calls: dict[str, str] = {}  # platform -> device request id -> reply channel
+        self.streams: dict[str, str] = {}  # stream id -> reply channel
+        await self.accept()
+        device = await database_sync_to_async(selectors.device_by_token)(raw_token=_bearer(self.scope))
+        if device is None:
+            await self._close(protocol.CLOSE_UNAUTHORIZED)
+            return
+        if device.status == Device.Status.ACTIVE and _ephemeral_dead(device):
+            await database_sync_to_async(services.device_expire_ephemeral)(device_id=device.pk)
+            device.status = Device.Status.REVOKED
+        if device.status != Device.Status.ACTIVE:
+            await self._close(protocol.CLOSE_REVOKED)
+            return
+        self.device = device
+        self.ticker = asyncio.create_task(self._tick())
+
+    async def _close(self, code: int) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        await self.close(code=code, reason=protocol.CLOSE_REASONS.get(code))
+
+    # --- frames from the device ---------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closing or self.device is None:
+            return
+        self.last_received = self.loop.time()
+        if text_data is not None and len(text_data) > protocol.MAX_FRAME_BYTES:
+            await self.send(protocol.error(None, protocol.INVALID_REQUEST, "frame too large"))
+            await self._close(protocol.CLOSE_PROTOCOL_ABUSE)
+            return
+        try:
+            message = protocol.parse(text_data if text_data is not None else (bytes_data or b""))
+        except protocol.ProtocolError as exc:
+            await self._bad_frame(exc.request_id, exc.code, exc.message)
+            return
+        if protocol.is_response(message):
+            await self._on_response(message)
+            return
+        method, params, request_id = message["method"], message["params"], message.get("id")
+        if method == protocol.HELLO:
+            await self._on_hello(request_id, params)
+        elif not self.hello_done:
+            await self._bad_frame(request_id, protocol.INVALID_REQUEST, "send hello first")
+        elif method == protocol.ACK:
+            await self._on_ack(params)
+        elif method == protocol.HEARTBEAT:
+            pass
+        elif request_id is None:
+            await self._on_notification(method, params)
+        else:
+            task = asyncio.create_task(self._on_request(request_id, method, params))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _bad_frame(self, request_id: Any, code: int, message: str) -> None:
+        now = self.loop.time()
+        self.abuse.append(now)
+        while self.abuse and self.abuse[0] < now - ABUSE_WINDOW_SEC:
+            self.abuse.popleft()
+        if len(self.abuse) >= ABUSE_LIMIT:
+            await self._close(protocol.CLOSE_PROTOCOL_ABUSE)
+            return
+        await self.send(protocol.error(request_id, code, message))
+
+    async def _on_hello(self, request_id: Any, params: dict[str, Any]) -> None:
+        if request_id is None:
+            await self._bad_frame(None, protocol.INVALID_REQUEST, "hello is a request: give it an id")
+            return
+        if self.hello_done:
+            await self._bad_frame(request_id, protocol.INVALID_REQUEST, "hello was already said")
+            return
+        try:
+            hello = _validate_hello(params, self.device)
+        except ValueError as exc:
+            await self._bad_frame(request_id, protocol.INVALID_PARAMS, str(exc))
+            return
+        try:
+            device, older = await database_sync_to_async(services.device_hello)(
+                device_id=self.device.pk, channel_name=self.channel_name, hello=hello
+            )
+        except ApplicationError:
+            await self._close(protocol.CLOSE_REVOKED)
+            return
+        self.device = device
+        group = events.device_group(device.pk)
+        self.groups = [group]  # discarded by websocket_disconnect
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.group_added_at = self.loop.time()
+        if older:
+            await self.channel_layer.group_discard(group, older)
+            await self.channel_layer.send(older, {"type": events.REPLACED})
+        self.hello_done = True
+        self.last_sent = self.acked = self.acked_flushed = hello["ackedSeq"]
+        await self.send(protocol.result(request_id, {
+            "deviceId": str(device.pk),
+            "heartbeatSec": settings.DEVICE_HEARTBEAT_SEC,
+            "protocolVersion": protocol.PROTOCOL_VERSION,
+            "resendFrom": hello["ackedSeq"] + 1,
+        }))
+        await self._signal(signals.device_connected, device=device, hello=params)
+        await self._pump()
+
+    async def _on_ack(self, params: dict[str, Any]) -> None:
+        seq = params.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            await self._bad_frame(None, protocol.INVALID_PARAMS, "ack needs {seq: non-negative integer}")
+            return
+        if seq <= self.acked:
+            return
+        self.acked = seq
+        if self.ack_task is None or self.ack_task.done():
+            self.ack_task = asyncio.create_task(self._flush_acks())
+        if self.maybe_more and self.last_sent - self.acked <= WINDOW // 2:
+            await self._pump()
+
+    async def _flush_acks(self) -> None:
+        # Coalesced: however many acks arrived meanwhile, one write covers them all.
+        while self.acked > self.acked_flushed:
+            seq = self.acked
+            try:
+                await database_sync_to_async(services.outbox_ack)(device_id=self.device.pk, seq=seq)
+            except Exception:
+                logger.exception("recording ack %s of %s failed", seq, self.device.pk)
+                return
+            self.acked_flushed = seq
+
+    async def _on_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
+        response = await database_sync_to_async(rpc.dispatch)(self.device, request_id, method, params)
+        if "error" in response:
+            err = response["error"]
+            frame = protocol.error(request_id, err["code"], err["message"], err.get("data"))
+        else:
+            frame = protocol.result(request_id, response["result"])
+        await self._send_safely(frame)
+
+    async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
+        stream = params.get("stream")
+        if isinstance(stream, str) and stream in self.streams:
+            message = {"jsonrpc": "2.0", "method": method, "params": params}
+            await self.channel_layer.send(self.streams[stream], {"type": "device.stream", "stream": stream,
+                                                                 "frame": message})
+            return
+        await self._bad_frame(None, protocol.METHOD_NOT_FOUND, f"unknown notification {method!r}")
+
+    async def _on_response(self, message: dict[str, Any]) -> None:
+        reply_channel = self.calls.pop(str(message["id"]), None)
+        if reply_channel is None:
+            return  # a late answer to a call that gave up, or noise
+        response = {"error": message["error"]} if "error" in message else {"result": message.get("result")}
+        await self.channel_layer.send(reply_channel, {"type": "device.call.reply", "call_id": str(message["id"]),
+                                                      "response": response})
+
+    # --- outbox -------------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        """Send unacked items after last_sent, in order, keeping at most WINDOW in flight."""
+        if self.pumping:
+            self.pump_again = True
+            return
+        self.pumping = True
+        try:
+            while not self.closing:
+                self.pump_again = False
+                room = WINDOW - (self.last_sent - self.acked)
+                if room > 0:
+                    items = await database_sync_to_async(selectors.outbox_unacked_after)(
+                        device_id=self.device.pk, after_seq=self.last_sent, limit=room
+                    )
+                    for seq, kind, payload in items:
+                        await self.send(protocol.notification(protocol.DELIVER,
+                                                              {"seq": seq, "kind": kind, "payload": payload}))
+                        self.last_sent = seq
+                    self.maybe_more = len(items) == room
+                    if self.maybe_more and self.last_sent - self.acked < WINDOW:
+                        continue  # acks arrived while sending
+                if not self.pump_again:
+                    break
+        finally:
+            self.pumping = False
+
+    # --- heartbeat ----------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        beat = settings.DEVICE_HEARTBEAT_SEC
+        try:
+            while not self.closing:
+                await asyncio.sleep(beat)
+                now = self.loop.time()
+                if now - self.last_received > protocol.HEARTBEAT_MISSES * beat:
+                    await self._close(protocol.CLOSE_HEARTBEAT_TIMEOUT)
+                    return
+                if not self.hello_done:
+                    if now - self.connected_at > protocol.HEARTBEAT_MISSES * beat:
+                        await self._close(protocol.CLOSE_PROTOCOL_ABUSE)
+                        return
+                    continue
+                await self._send_safely(protocol.notification(protocol.HEARTBEAT))
+                status = await database_sync_to_async(services.device_status)(device_id=self.device.pk)
+                if status != Device.Status.ACTIVE:  # the revocation doorbell may have been lost
+                    await self._close(protocol.CLOSE_REVOKED)
+                    return
+                if now - self.last_seen_write >= min(SEEN_WRITE_SEC, beat * 3):
+                    self.last_seen_write = now
+                    await database_sync_to_async(services.device_seen)(device_id=self.device.pk,
+                                                                       channel_name=self.channel_name)
+                if now - self.group_added_at > GROUP_REFRESH_SEC:
+                    await self.channel_layer.group_add(events.device_group(self.device.pk), self.channel_name)
+                    self.group_added_at = now
+                await self._pump()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("tunnel heartbeat of %s failed", getattr(self.device, "pk", None))
+
+    async def _send_safely(self, frame: str) -> None:
+        if self.closing:
+            return
+        try:
+            await self.send(frame)
+        except Exception:  # the socket went away meanwhile
+            logger.debug("send on a closed tunnel", exc_info=True)
+
+    async def _signal(self, signal: Any, **kwargs: Any) -> None:
+        def send() -> None:
+            for receiver, result in signal.send_robust(sender=Device, **kwargs):
+                if isinstance(result, Exception):
+                    logger.error("receiver %r of %s failed", receiver, signal, exc_info=result)
+
+        await database_sync_to_async(send)()
+
+    # --- channel-layer messages ---------------------------------------------------------------
+
+    async def devices_outbox(self, message: dict[str, Any]) -> None:
+        if self.hello_done:
+            await self._pump()
+
+    async def devices_close(self, message: dict[str, Any]) -> None:
+        await self._close(int(message.get("code") or protocol.CLOSE_REVOKED))
+
+    async def devices_replaced(self, message: dict[str, Any]) -> None:
+        await self._close(protocol.CLOSE_REPLACED)
+
+    async def device_call(self, message: dict[str, Any]) -> None:
+        call_id, reply_channel = str(message["call_id"]), message["reply_channel"]
+        if self.closing or not self.hello_done:
+            await self._offline_reply(call_id, reply_channel)
+            return
+        self.calls[call_id] = reply_channel
+        await self._send_safely(protocol.request(message["method"], message.get("params") or {}, call_id))
+
+    async def device_forward(self, message: dict[str, Any]) -> None:
+        if self.hello_done:
+            await self._send_safely(message["frame"])
+
+    async def device_stream_open(self, message: dict[str, Any]) -> None:
+        self.streams[str(message["stream"])] = message["reply_channel"]
+
+    async def device_stream_close(self, message: dict[str, Any]) -> None:
+        self.streams.pop(str(message["stream"]), None)
+
+    async def _offline_reply(self, call_id: str, reply_channel: str) -> None:
+        await self.channel_layer.send(reply_channel, {"type": "device.call.reply", "call_id": call_id, "response": {
+            "error": {"code": protocol.APPLICATION_ERROR, "message": "the device disconnected",
+                      "data": {"code": "device_offline"}}}})
+
+    # --- end ----------------------------------------------------------------------------------
+
+    async def disconnect(self, code: int) -> None:
+        self.closing = True
+        if self.ticker is not None:
+            self.ticker.cancel()
+        if self.device is None or not self.hello_done:
+            return
+        for call_id, reply_channel in list(self.calls.items()):
+            await self._offline_reply(call_id, reply_channel)
+        self.calls.clear()
+        for stream, reply_channel in list(self.streams.items()):
+            await self.channel_layer.send(reply_channel, {"type": "device.stream.closed", "stream": stream})
+        self.streams.clear()
+        if self.ack_task is not None:
+            await asyncio.gather(self.ack_task, return_exceptions=True)
+        await self._flush_acks()
+        device = await database_sync_to_async(services.device_disconnected)(
+            device_id=self.device.pk, channel_name=self.channel_name
+        )
+        if device is None:
+            return  # replaced: the newer connection owns presence
+        await self._signal(signals.device_disconnected, device=device)
+        if device.ephemeral and device.status == Device.Status.ACTIVE:
+            task = asyncio.create_task(_expire_ephemeral_later(device.pk))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+
+class DevicesPageConsumer(AsyncJsonWebsocketConsumer):
+    """/ws/devices: pushes ``devices.presence.changed`` for the logged-in user's devices."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.groups = [events.user_group(user.pk)]
+        await self.channel_layer.group_add(self.groups[0], self.channel_name)
+        await self.accept()
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        pass  # the page only listens
+
+    async def devices_presence_changed(self, message: dict[str, Any]) -> None:
+        await self.send_json(message)

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+
+from ai1net.accounts.services import hash_secret
+from ai1net.exceptions import NotFound
+from devices.models import Device, OutboxItem
+
+
+def devices_for_user(*, user: Any, kind: str | None = None) -> QuerySet[Device]:
+    devices = Device.objects.filter(owner=user)
+    if kind:
+        devices = devices.filter(kind=kind)
+    return devices.order_by("-created_at")
+
+
+def access_device(*, user: Any, device_id: Any) -> Device:
+    """The user's own device, or 404 for anything else (someone else's, unknown, malformed id)."""
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("No such device.")
+    try:
+        return Device.objects.get(owner=user, pk=device_id)
+    except (Device.DoesNotExist, ValueError, TypeError, ValidationError):
+        raise NotFound("No such device.") from None
+
+
+def device_by_token(*, raw_token: str) -> Device | None:
+    if not raw_token:
+        return None
+    return Device.objects.select_related("owner").filter(token_hash=hash_secret(raw_token)).first()
+
+
+def outbox_unacked_after(*, device_id: Any, after_seq: int, limit: int) -> list[tuple[int, str, Any]]:
+    return list(
+        OutboxItem.objects.filter(device_id=device_id, seq__gt=after_seq, acked_at__isnull=True)
+        .order_by("seq")
+        .values_list("seq", "kind", "payload")[:limit]
+    )

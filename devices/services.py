@@ -1,0 +1,451 @@
+"""Writes of the devices app: pairing ceremony, device ledger, presence, durable outbox, device calls.
+
+Races are settled in the database: every state change of a pairing is one conditional UPDATE whose
+row count decides; outbox sequence numbers are allocated under the device row's lock so they commit
+in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from ai1net.accounts.services import hash_secret
+from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, RateLimited, ValidationFailed
+from clients import protocol
+from devices import events
+from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
+from devices.models import Device, OutboxItem, PairingRequest
+
+# RFC 8628 6.1: 20 consonants, no vowels (no words), 8 characters -> 20^8 (about 34.5 bits).
+USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
+USER_CODE_LENGTH = 8
+PAIRING_TTL = timedelta(minutes=10)
+DEVICE_TOKEN_PREFIX = "ai1d_"
+SLOW_DOWN_STEP = 5
+MAX_INTERVAL = 60
+# A client that sleeps `interval` between polls must never be told slow_down because of clock jitter.
+POLL_TOLERANCE = timedelta(milliseconds=250)
+
+# Rate limits: (attempts, window seconds).
+PAIRING_CREATE_LIMIT = (30, 600)
+WRONG_CODE_LIMIT_USER = (10, 900)
+WRONG_CODE_LIMIT_ADDRESS = (30, 900)
+
+
+def _audit(*, actor: Any, action: str, subject: Any = None, data: dict[str, Any] | None = None,
+           ip: str | None = None) -> None:
+    """Record in the platform audit log (ai1net.accounts.services.audit_record)."""
+    from ai1net.accounts import services as accounts_services
+
+    record = getattr(accounts_services, "audit_record", None)
+    if record is not None:
+        record(actor=actor, action=action, subject=subject, data=data or {}, ip=ip)
+
+
+# --- rate limits (cache counters) -------------------------------------------------------------
+
+def _over_limit(key: str, limit: tuple[int, int]) -> bool:
+    return (cache.get(key) or 0) >= limit[0]
+
+
+def _hit(key: str, limit: tuple[int, int]) -> int:
+    cache.add(key, 0, limit[1])
+    try:
+        return cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, limit[1])
+        return 1
+
+
+# --- pairing ----------------------------------------------------------------------------------
+
+def normalize_user_code(raw: str) -> str:
+    """`bcdf-ghjk`, `BCDF GHJK` -> `BCDFGHJK`; anything that cannot be a code -> ``""``."""
+    code = "".join(ch for ch in str(raw).upper() if ch.isalnum())
+    if len(code) != USER_CODE_LENGTH or any(ch not in USER_CODE_ALPHABET for ch in code):
+        return ""
+    return code
+
+
+def format_user_code(code: str) -> str:
+    return f"{code[:4]}-{code[4:]}"
+
+
+def pairing_create(*, name: str, kind: str, hostname: str = "", os_name: str = "", version: str = "",
+                   ephemeral: bool = False, ip: str | None = None) -> tuple[PairingRequest, str, str]:
+    """Start a pairing: returns the request, the raw device_code and the raw user_code (shown once)."""
+    key = f"devices:pair-create:{ip or '-'}"
+    if _over_limit(key, PAIRING_CREATE_LIMIT):
+        raise RateLimited("Too many pairing requests from this address. Wait a few minutes.")
+    _hit(key, PAIRING_CREATE_LIMIT)
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise ValidationFailed("name is required (at most 100 characters).")
+    if kind not in Device.Kind.values:
+        raise ValidationFailed(f"kind must be one of {', '.join(Device.Kind.values)}.")
+    device_code = secrets.token_urlsafe(32)  # 256 bits
+    for _ in range(8):
+        user_code = "".join(secrets.choice(USER_CODE_ALPHABET) for _ in range(USER_CODE_LENGTH))
+        try:
+            with transaction.atomic():
+                pairing = PairingRequest.objects.create(
+                    device_code_hash=hash_secret(device_code),
+                    user_code_hash=hash_secret(user_code),
+                    name=name,
+                    kind=kind,
+                    hostname=(hostname or "")[:255],
+                    os=(os_name or "")[:100],
+                    client_version=(version or "")[:50],
+                    ephemeral=bool(ephemeral),
+                    requested_from=ip,
+                    interval=settings.DEVICE_PAIRING_INTERVAL_SEC,
+                    expires_at=timezone.now() + PAIRING_TTL,
+                )
+            return pairing, device_code, user_code
+        except IntegrityError:  # user code collision: draw again
+            continue
+    raise ApplicationError("Could not allocate a pairing code.", code="unavailable", status=503)
+
+
+def _wrong_code(user: Any, ip: str | None) -> NotFound:
+    _hit(f"devices:wrong-code:user:{user.pk}", WRONG_CODE_LIMIT_USER)
+    _hit(f"devices:wrong-code:ip:{ip or '-'}", WRONG_CODE_LIMIT_ADDRESS)
+    return NotFound("No pairing request with this code.")
+
+
+def _expire_if_due(pairing: PairingRequest) -> bool:
+    """Move a due request (any state before claimed) to expired. True when it is expired."""
+    if pairing.state == PairingRequest.State.EXPIRED:
+        return True
+    if pairing.state == PairingRequest.State.CLAIMED or pairing.expires_at > timezone.now():
+        return False
+    PairingRequest.objects.filter(pk=pairing.pk).exclude(state=PairingRequest.State.CLAIMED).update(
+        state=PairingRequest.State.EXPIRED
+    )
+    pairing.refresh_from_db()
+    return pairing.state == PairingRequest.State.EXPIRED
+
+
+def pairing_scan(*, user: Any, user_code: str, ip: str | None = None) -> PairingRequest:
+    """Open a code: binds a pending request to this user (`scanned`). Others' or unknown codes -> 404."""
+    if _over_limit(f"devices:wrong-code:user:{user.pk}", WRONG_CODE_LIMIT_USER) or _over_limit(
+        f"devices:wrong-code:ip:{ip or '-'}", WRONG_CODE_LIMIT_ADDRESS
+    ):
+        raise RateLimited("Too many wrong codes. Wait a few minutes and try again.")
+    code = normalize_user_code(user_code)
+    pairing = PairingRequest.objects.filter(user_code_hash=hash_secret(code)).first() if code else None
+    if pairing is None or pairing.user_id not in (None, user.pk):
+        raise _wrong_code(user, ip)
+    if _expire_if_due(pairing):
+        raise Gone("This pairing code has expired. Start pairing again on the device.", code="expired")
+    if pairing.state == PairingRequest.State.PENDING:
+        PairingRequest.objects.filter(pk=pairing.pk, state=PairingRequest.State.PENDING, user__isnull=True).update(
+            state=PairingRequest.State.SCANNED, user=user
+        )
+        pairing.refresh_from_db()
+        if pairing.user_id != user.pk:  # someone else scanned it first
+            raise _wrong_code(user, ip)
+    return pairing
+
+
+def _pairing_decide(*, user: Any, user_code: str, approve: bool, ip: str | None) -> PairingRequest:
+    pairing = pairing_scan(user=user, user_code=user_code, ip=ip)
+    target = PairingRequest.State.APPROVED if approve else PairingRequest.State.DENIED
+    now = timezone.now()
+    with transaction.atomic():
+        changed = PairingRequest.objects.filter(
+            pk=pairing.pk, user=user, state=PairingRequest.State.SCANNED, expires_at__gt=now
+        ).update(state=target, decided_at=now)
+        pairing.refresh_from_db()
+        if not changed:
+            if pairing.state == target or (approve and pairing.state == PairingRequest.State.CLAIMED):
+                return pairing  # a repeated click
+            if _expire_if_due(pairing):
+                raise Gone("This pairing code has expired.", code="expired")
+            raise Conflict(f"This pairing request is already {pairing.state}.", code="already_decided")
+        _audit(
+            actor=user,
+            action="devices.pairing.approve" if approve else "devices.pairing.deny",
+            subject=user,
+            data={"pairing_id": pairing.pk, "name": pairing.name, "kind": pairing.kind,
+                  "hostname": pairing.hostname, "os": pairing.os},
+            ip=ip,
+        )
+    return pairing
+
+
+def pairing_approve(*, user: Any, user_code: str, ip: str | None = None) -> PairingRequest:
+    return _pairing_decide(user=user, user_code=user_code, approve=True, ip=ip)
+
+
+def pairing_deny(*, user: Any, user_code: str, ip: str | None = None) -> PairingRequest:
+    return _pairing_decide(user=user, user_code=user_code, approve=False, ip=ip)
+
+
+class PairingPollError(ApplicationError):
+    """RFC 8628 3.5 token errors; rendered as 400 {"error": code, "detail": ...}."""
+
+    status = 400
+
+
+def pairing_claim(*, device_code: str) -> tuple[Device, str]:
+    """The device's poll. Exactly once, after approval: the new Device and its raw 256-bit token."""
+    pairing = (
+        PairingRequest.objects.filter(device_code_hash=hash_secret(device_code)).first()
+        if isinstance(device_code, str) and device_code
+        else None
+    )
+    if pairing is None:
+        raise PairingPollError("Unknown device_code.", code="invalid_grant")
+    if pairing.state == PairingRequest.State.CLAIMED:
+        raise PairingPollError("This device_code was already used.", code="invalid_grant")
+    if _expire_if_due(pairing):
+        raise PairingPollError("The pairing request expired; start again.", code="expired_token")
+    if pairing.state == PairingRequest.State.DENIED:
+        raise PairingPollError("The user denied this device.", code="access_denied")
+    now = timezone.now()
+    if pairing.state in (PairingRequest.State.PENDING, PairingRequest.State.SCANNED):
+        due = now - timedelta(seconds=pairing.interval) + POLL_TOLERANCE
+        polled = PairingRequest.objects.filter(
+            Q(last_polled_at__isnull=True) | Q(last_polled_at__lte=due), pk=pairing.pk
+        ).update(last_polled_at=now)
+        if not polled:
+            PairingRequest.objects.filter(pk=pairing.pk, interval__lt=MAX_INTERVAL).update(
+                interval=F("interval") + SLOW_DOWN_STEP
+            )
+            PairingRequest.objects.filter(pk=pairing.pk).update(last_polled_at=now)
+            raise PairingPollError(
+                f"Polling too fast; wait {SLOW_DOWN_STEP} seconds more between polls.", code="slow_down"
+            )
+        raise PairingPollError("The user has not approved this device yet.", code="authorization_pending")
+    # approved -> claimed: one conditional UPDATE decides the single winner.
+    token = DEVICE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        won = PairingRequest.objects.filter(pk=pairing.pk, state=PairingRequest.State.APPROVED).update(
+            state=PairingRequest.State.CLAIMED, last_polled_at=now
+        )
+        if not won:
+            raise PairingPollError("This device_code was already used.", code="invalid_grant")
+        device = Device.objects.create(
+            owner_id=pairing.user_id,
+            name=pairing.name,
+            kind=pairing.kind,
+            hostname=pairing.hostname,
+            os=pairing.os,
+            client_version=pairing.client_version,
+            ephemeral=pairing.ephemeral,
+            token_hash=hash_secret(token),
+        )
+        PairingRequest.objects.filter(pk=pairing.pk).update(device=device)
+    return device, token
+
+
+# --- device ledger ----------------------------------------------------------------------------
+
+def device_create(*, owner: Any, name: str, kind: str, hostname: str = "", os_name: str = "",
+                  ephemeral: bool = False) -> tuple[Device, str]:
+    """A device without the ceremony (operators, tests, benchmarks). Returns the raw token once."""
+    token = DEVICE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    device = Device.objects.create(owner=owner, name=name, kind=kind, hostname=hostname, os=os_name,
+                                   ephemeral=ephemeral, token_hash=hash_secret(token))
+    return device, token
+
+
+def device_rename(*, device: Device, name: str) -> Device:
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise ValidationFailed("name is required (at most 100 characters).")
+    Device.objects.filter(pk=device.pk).update(name=name)
+    device.name = name
+    return device
+
+
+def device_revoke(*, device: Device, actor: Any, ip: str | None = None, reason: str = "revoked by owner") -> bool:
+    """Revoke for good: the live tunnel closes at once with 4403 and every later attempt fails."""
+    with transaction.atomic():
+        changed = Device.objects.filter(pk=device.pk, status=Device.Status.ACTIVE).update(
+            status=Device.Status.REVOKED, revoked_at=timezone.now()
+        )
+        device.refresh_from_db()
+        if not changed:
+            return False
+        events.send_close(device.pk, protocol.CLOSE_REVOKED)
+        events.send_presence_changed(device)
+        _audit(actor=actor, action="devices.device.revoke", subject=device.owner,
+               data={"device_id": str(device.pk), "name": device.name, "kind": device.kind, "reason": reason}, ip=ip)
+    return True
+
+
+def device_expire_ephemeral(*, device_id: Any) -> bool:
+    """Revoke an ephemeral device that has stayed disconnected past the grace. True when revoked."""
+    due = timezone.now() - timedelta(seconds=settings.DEVICE_EPHEMERAL_GRACE_SEC)
+    device = Device.objects.filter(
+        pk=device_id, ephemeral=True, status=Device.Status.ACTIVE, channel_name="", disconnected_at__lte=due
+    ).first()
+    if device is None:
+        return False
+    return device_revoke(device=device, actor=None, reason="ephemeral device disconnected")
+
+
+# --- presence (written by the tunnel consumer) ------------------------------------------------
+
+def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any]) -> tuple[Device, str]:
+    """A connection said hello: it becomes the device's live connection. Returns (device, older channel)."""
+    now = timezone.now()
+    acked = int(hello.get("ackedSeq") or 0)
+    with transaction.atomic():
+        device = Device.objects.select_for_update().get(pk=device_id)
+        if device.status != Device.Status.ACTIVE:
+            raise ApplicationError("revoked", code="revoked", status=403)
+        older = device.channel_name if device.channel_name != channel_name else ""
+        device.channel_name = channel_name
+        device.connected_at = now
+        device.last_seen_at = now
+        device.disconnected_at = None
+        device.connection_count += 1
+        device.capabilities = list(hello.get("capabilities") or [])
+        device.ports = list(hello.get("ports") or [])
+        device.roots = list(hello.get("roots") or [])
+        device.protocol_version = int(hello.get("protocolVersion") or 0)
+        device.client_version = str(hello.get("version") or "")[:50]
+        if acked > device.acked_seq:
+            device.acked_seq = min(acked, device.next_seq - 1)
+        device.save(update_fields=["channel_name", "connected_at", "last_seen_at", "disconnected_at",
+                                   "connection_count", "capabilities", "ports", "roots", "protocol_version",
+                                   "client_version", "acked_seq"])
+        if acked:
+            OutboxItem.objects.filter(device_id=device_id, seq__lte=acked, acked_at__isnull=True).update(acked_at=now)
+        events.send_presence_changed(device)
+    return device, older
+
+
+def device_disconnected(*, device_id: Any, channel_name: str) -> Device | None:
+    """The connection closed; only the live connection clears presence (a replaced one does not)."""
+    now = timezone.now()
+    with transaction.atomic():
+        changed = Device.objects.filter(pk=device_id, channel_name=channel_name).update(
+            channel_name="", disconnected_at=now, last_seen_at=now
+        )
+        if not changed:
+            return None
+        device = Device.objects.get(pk=device_id)
+        events.send_presence_changed(device)
+    return device
+
+
+def device_seen(*, device_id: Any, channel_name: str) -> None:
+    Device.objects.filter(pk=device_id, channel_name=channel_name).update(last_seen_at=timezone.now())
+
+
+def device_status(*, device_id: Any) -> str | None:
+    return Device.objects.filter(pk=device_id).values_list("status", flat=True).first()
+
+
+# --- durable outbox ---------------------------------------------------------------------------
+
+def _ring_once_per_commit(device_id: Any) -> None:
+    """One doorbell per device per commit, however many items the transaction enqueued.
+
+    The callback registered for this device is remembered on the connection with its position in
+    ``run_on_commit``; if it is still there (not rolled back), there is nothing to add.
+    """
+    conn = transaction.get_connection()
+    if not conn.in_atomic_block:
+        events.send_outbox_doorbell(device_id)
+        return
+    pending = conn.__dict__.setdefault("_devices_doorbells", {})
+    key = str(device_id)
+    entry = pending.get(key)
+    if entry is not None:
+        index, marker = entry
+        if index < len(conn.run_on_commit) and conn.run_on_commit[index][1] is marker:
+            return
+    index = len(conn.run_on_commit)
+    events.send_outbox_doorbell(device_id)
+    pending[key] = (index, conn.run_on_commit[index][1])
+
+
+def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> OutboxItem:
+    """Write one platform -> device item with the device's next seq; the doorbell rings after commit."""
+    return outbox_enqueue_many(device=device, items=[(kind, payload)])[0]
+
+
+def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]]]) -> list[OutboxItem]:
+    """Several items in one transaction, consecutive seqs, one doorbell."""
+    if not items:
+        return []
+    with transaction.atomic():
+        # The UPDATE takes the device row's lock until commit, so seqs commit in allocation order.
+        if not Device.objects.filter(pk=device.pk).update(next_seq=F("next_seq") + len(items)):
+            raise NotFound("No such device.")
+        end = Device.objects.filter(pk=device.pk).values_list("next_seq", flat=True).get()
+        first = end - len(items)
+        rows = OutboxItem.objects.bulk_create(
+            [OutboxItem(device_id=device.pk, seq=first + i, kind=kind, payload=payload)
+             for i, (kind, payload) in enumerate(items)]
+        )
+        _ring_once_per_commit(device.pk)
+    device.next_seq = end
+    return rows
+
+
+def outbox_ack(*, device_id: Any, seq: int) -> None:
+    """The device applied everything up to and including seq."""
+    now = timezone.now()
+    OutboxItem.objects.filter(device_id=device_id, seq__lte=seq, acked_at__isnull=True).update(acked_at=now)
+    Device.objects.filter(pk=device_id, acked_seq__lt=seq, next_seq__gt=seq).update(acked_seq=seq)
+
+
+# --- platform -> device calls -----------------------------------------------------------------
+
+def _online_device(device_id: Any) -> bool:
+    return Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE).exclude(channel_name="").exists()
+
+
+async def adevice_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:
+    """Send a JSON-RPC request to the device wherever it is connected and wait for its answer."""
+    if not await database_sync_to_async(_online_device)(device.pk):
+        raise DeviceOffline(f"{device.name} is not connected.")
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel("devcall.")
+    call_id = f"p-{uuid.uuid4().hex}"
+    await layer.group_send(
+        events.device_group(device.pk),
+        {"type": "device.call", "call_id": call_id, "reply_channel": reply_channel, "method": method,
+         "params": params or {}},
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await layer.receive(reply_channel)
+                if message.get("call_id") == call_id:
+                    break
+    except TimeoutError:
+        raise DeviceTimeout(f"{device.name} did not answer {method} within {timeout:g} s.") from None
+    response = message.get("response") or {}
+    if "error" in response:
+        err = response["error"] or {}
+        data = err.get("data") or {}
+        if data.get("code") == DeviceOffline.code:
+            raise DeviceOffline(err.get("message") or DeviceOffline.default_detail)
+        raise DeviceCallError(str(err.get("message") or DeviceCallError.default_detail),
+                              code=str(data.get("code") or "device_error"))
+    return response.get("result")
+
+
+def device_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:
+    """Synchronous ``adevice_call`` (views, services, management commands)."""
+    return async_to_sync(adevice_call)(device=device, method=method, params=params, timeout=timeout)

@@ -1,0 +1,52 @@
+"""Pages: enter a pairing code, approve or deny a device, my devices (live presence)."""
+
+from __future__ import annotations
+
+import qrcode
+import qrcode.image.svg
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.safestring import mark_safe
+
+from ai1net.exceptions import ApplicationError
+from devices import selectors, services
+from devices.api import client_ip, public_base
+
+
+def qr_svg(data: str) -> str:
+    image = qrcode.make(data, image_factory=qrcode.image.svg.SvgPathImage, border=2)
+    return image.to_string(encoding="unicode")
+
+
+@login_required
+def pair_enter(request: HttpRequest) -> HttpResponse:
+    error = ""
+    if request.method == "POST":
+        code = services.normalize_user_code(request.POST.get("user_code", ""))
+        if code:
+            return redirect("devices:pair-code", user_code=services.format_user_code(code))
+        error = "That is not a pairing code: 8 letters, as shown in the terminal (XXXX-XXXX)."
+    return render(request, "devices/pair_enter.html", {"error": error})
+
+
+@login_required
+def pair_code(request: HttpRequest, user_code: str) -> HttpResponse:
+    code = services.normalize_user_code(user_code)
+    shown = services.format_user_code(code) if code else user_code
+    try:
+        pairing = services.pairing_scan(user=request.user, user_code=user_code, ip=client_ip(request))
+    except ApplicationError as exc:
+        return render(request, "devices/pair_code.html", {"error": exc.detail, "user_code": shown}, status=exc.status)
+    link = public_base(request) + reverse("devices:pair-code", args=[shown])
+    return render(
+        request,
+        "devices/pair_code.html",
+        {"pairing": pairing, "user_code": shown, "qr": mark_safe(qr_svg(link)), "link": link},  # noqa: S308
+    )
+
+
+@login_required
+def device_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "devices/list.html", {"devices": selectors.devices_for_user(user=request.user)})
