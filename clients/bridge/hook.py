@@ -1,0 +1,273 @@
+"""`ai1net-bridge hook`: what the agent host (Claude Code) runs for each hook event.
+
+Reads the hook JSON on stdin, asks the local daemon (`<home>/local.json` gives its 127.0.0.1 port and
+secret) and prints the hook's JSON answer on stdout. It FAILS OPEN: daemon down, timeout, malformed
+input, any exception or AI1NET_MOBILE_OFF=1 -> exit 0 with no output, so the desktop behaves as if
+nothing were installed. Keep the imports here to the standard library's cheapest modules: this runs
+once per hook event and must finish in well under a second when there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+ASK_TOOL = "AskUserQuestion"
+DEFAULT_WINDOW_SEC = 120.0
+STOP_CAP = 5  # consecutive Stop blocks, beside the host's own cap
+LONG_POLL_SEC = 25.0
+MAX_STDIN_BYTES = 4 * 1024 * 1024
+DENY_PREFIX = "The user answered on their phone (this is their answer, not a refusal): "
+
+
+class DaemonDown(Exception):
+    pass
+
+
+# --- formatting (pure) -----------------------------------------------------------------------
+def answer_values(
+    questions: List[Dict[str, Any]], answers: Dict[str, Any], other: Optional[Dict[str, Any]]
+) -> Dict[str, str]:
+    """Question text -> "label, label[, free text]", in the order the questions were asked."""
+    other = other or {}
+    values: Dict[str, str] = {}
+    for item in questions:
+        text = item.get("question") if isinstance(item, dict) else None
+        if not isinstance(text, str):
+            continue
+        labels = answers.get(text) or []
+        if isinstance(labels, str):
+            labels = [labels]
+        parts = [str(label) for label in labels if str(label)]
+        free = other.get(text)
+        if isinstance(free, str) and free.strip():
+            parts.append(free.strip())
+        if parts:
+            values[text] = ", ".join(parts)
+    return values
+
+
+def pre_tool_use_output(
+    tool_input: Dict[str, Any], answers: Dict[str, Any], other: Optional[Dict[str, Any]], style: str = "allow"
+) -> Optional[Dict[str, Any]]:
+    questions = tool_input.get("questions") or []
+    values = answer_values(questions, answers, other)
+    if not values:
+        return None
+    if style == "deny":
+        quoted = ", ".join(f'"{q}"="{a}"' for q, a in values.items())
+        reason = f"{DENY_PREFIX}{quoted}. Continue with this answer."
+        return {
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "deny",
+                "permissionDecisionReason": reason,
+            }
+        }
+    updated = dict(tool_input)  # keep the other keys the tool was called with (metadata, annotations)
+    updated["questions"] = questions
+    updated["answers"] = values
+    return {
+        "hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow", "updatedInput": updated}
+    }
+
+
+def user_prompt_output(texts: List[str]) -> Optional[Dict[str, Any]]:
+    if not texts:
+        return None
+    context = "\n\n".join(f"Message from the user's phone: {text}" for text in texts)
+    return {"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": context}}
+
+
+def stop_output(text: str) -> Dict[str, Any]:
+    return {"decision": "block", "reason": text}
+
+
+# --- talking to the daemon -------------------------------------------------------------------
+class Daemon:
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self.port = 0
+        self.secret = ""
+        self.reload()
+
+    def reload(self) -> None:
+        with open(os.path.join(self.home, "local.json"), encoding="utf-8") as handle:
+            info = json.load(handle)
+        self.port = int(info["port"])
+        self.secret = str(info["secret"])
+
+    def post(self, route: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+        import http.client  # only once there is a daemon to talk to
+
+        payload = json.dumps(body).encode("utf-8")
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=max(timeout, 0.05))
+        try:
+            connection.request(
+                "POST",
+                f"/v1/{route}",
+                body=payload,
+                headers={"Content-Type": "application/json", "X-AI1NET-Secret": self.secret},
+            )
+            response = connection.getresponse()
+            data = response.read()
+        except OSError as exc:
+            raise DaemonDown(str(exc)) from exc
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise DaemonDown(f"daemon answered {response.status}")
+        result = json.loads(data)
+        if not isinstance(result, dict):
+            raise DaemonDown("daemon answered with a non-object")
+        return result
+
+    def post_retrying(
+        self, route: str, body: Dict[str, Any], timeout: float, deadline: float
+    ) -> Optional[Dict[str, Any]]:
+        """Keep trying until `deadline` while the daemon restarts (it may come back on a new port)."""
+        while True:
+            try:
+                return self.post(route, body, timeout)
+            except DaemonDown:
+                if time.monotonic() + 0.25 >= deadline:
+                    return None
+                time.sleep(0.25)
+                try:
+                    self.reload()
+                except (OSError, ValueError, KeyError):
+                    pass
+
+
+# --- events ----------------------------------------------------------------------------------
+def handle(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) -> Optional[Dict[str, Any]]:
+    name = event.get("hook_event_name")
+    session_id = event.get("session_id")
+    if not isinstance(session_id, str) or not session_id:
+        return None
+    if name == "SessionStart":
+        daemon.post(
+            "session-start",
+            {
+                "session_id": session_id,
+                "cwd": event.get("cwd") or "",
+                "source": event.get("source") or "",
+                "title": event.get("session_title") or "",
+            },
+            timeout=1.0,
+        )
+        return None
+    if name == "SessionEnd":
+        daemon.post("session-end", {"session_id": session_id, "reason": event.get("reason") or ""}, timeout=0.5)
+        return None
+    if name == "PreToolUse" and event.get("tool_name") == ASK_TOOL:
+        return _pre_tool_use(event, daemon, window=window, style=style)
+    if name == "PostToolUse" and event.get("tool_name") == ASK_TOOL:
+        daemon.post(
+            "post-tool-use",
+            {
+                "session_id": session_id,
+                "tool_use_id": event.get("tool_use_id") or "",
+                "tool_input": event.get("tool_input") or {},
+                "tool_response": event.get("tool_response") if isinstance(event.get("tool_response"), dict) else {},
+            },
+            timeout=1.0,
+        )
+        return None
+    if name == "UserPromptSubmit":
+        result = daemon.post("user-prompt-submit", {"session_id": session_id}, timeout=2.0)
+        return user_prompt_output([str(m["text"]) for m in result.get("messages") or []])
+    if name == "Stop":
+        return _stop(event, daemon, window=window)
+    return None
+
+
+def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) -> Optional[Dict[str, Any]]:
+    tool_input = event.get("tool_input")
+    if not isinstance(tool_input, dict) or not isinstance(tool_input.get("questions"), list):
+        return None
+    deadline = time.monotonic() + window
+    asked = daemon.post(
+        "pre-tool-use",
+        {
+            "session_id": event["session_id"],
+            "tool_use_id": event.get("tool_use_id") or "",
+            "tool_input": tool_input,
+            "cwd": event.get("cwd") or "",
+            "window_sec": window,
+        },
+        timeout=min(20.0, window),
+    )
+    question_id = asked.get("question_id")
+    if not question_id:
+        return None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            result = daemon.post_retrying(
+                "questions/give-up", {"question_id": question_id, "reason": "timeout"}, 3.0, time.monotonic() + 3.0
+            )
+        else:
+            poll = min(remaining, LONG_POLL_SEC)
+            result = daemon.post_retrying(
+                "questions/wait", {"question_id": question_id, "timeout": poll}, poll + 5, deadline
+            )
+        if result is None:
+            if time.monotonic() < deadline:
+                continue
+            return None
+        state = result.get("state")
+        if state == "answered":
+            return pre_tool_use_output(tool_input, result.get("answers") or {}, result.get("other"), style)
+        if state != "pending" or remaining <= 0:
+            return None
+
+
+def _stop(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
+    body = {"session_id": event["session_id"], "stop_hook_active": bool(event.get("stop_hook_active"))}
+    first = daemon.post("stop", body, timeout=2.0)
+    if first.get("state") == "message":
+        return stop_output(str(first["text"]))
+    if first.get("state") != "wait":
+        return None
+    deadline = time.monotonic() + window
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        poll = min(remaining, LONG_POLL_SEC)
+        result = daemon.post_retrying(
+            "sessions/wait-message", {"session_id": event["session_id"], "timeout": poll}, poll + 5, deadline
+        )
+        if result is None:
+            return None
+        if result.get("state") == "message":
+            return stop_output(str(result["text"]))
+        if result.get("state") != "pending":
+            return None
+
+
+def run(
+    home: str, *, window: float = DEFAULT_WINDOW_SEC, style: str = "allow", stdin: Any = None, stdout: Any = None
+) -> int:
+    """Run one hook call. Always returns 0; prints one JSON object or nothing."""
+    try:
+        raw = (stdin or sys.stdin.buffer).read(MAX_STDIN_BYTES)
+        if os.environ.get("AI1NET_MOBILE_OFF", "").strip() not in ("", "0"):
+            return 0
+        event = json.loads(raw)
+        if not isinstance(event, dict):
+            return 0
+        output = handle(event, Daemon(home), window=float(window), style=style)
+        if output is None:
+            return 0
+        text = json.dumps(output)
+        out = stdout or sys.stdout
+        out.write(text + "\n")
+        out.flush()
+    except BaseException:  # noqa: BLE001, S110 - fail open: whatever happens, the desktop carries on as usual
+        pass
+    return 0

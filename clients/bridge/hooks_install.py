@@ -1,0 +1,277 @@
+"""`ai1net-bridge hooks install [--rollback]`: add (or remove) the bridge's hook entries in the agent
+host's `settings.json` (Claude Code's layout: hooks -> event -> [{matcher, hooks: [handler]}]).
+
+Install is idempotent: a second run with the same options changes nothing. It keeps a byte-for-byte
+backup of the file as it was before the first install (`<file>.ai1net-backup-<timestamp>`) and records
+exactly what it added in `<home>/hooks-installed.json`. Rollback removes exactly those entries and the
+empty containers install created; when nothing else changed in between, the file comes back
+byte-for-byte as it was (or is removed again if install created it). Writes are atomic and keep the
+user's other hooks, keys and key order.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+MANIFEST = "hooks-installed.json"
+ASK_TOOL = "AskUserQuestion"
+DEFAULT_WINDOW = 120
+STATUS_ASK = "Question sent to your phone (ai1net)…"
+STATUS_STOP = "Waiting for a message from your phone (ai1net)…"
+
+
+class HooksInstallError(Exception):
+    pass
+
+
+def default_settings_path() -> Path:
+    return Path(os.path.expanduser("~/.claude/settings.json"))
+
+
+def default_launcher() -> str:
+    """How to start this bridge from a hook: the .pyz we run from, or `-m clients.bridge` from a checkout."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    python = shlex.quote(sys.executable or "python3")
+    package_file = Path(__file__).resolve()
+    if argv0.endswith(".pyz") or ".pyz" in str(package_file):
+        pyz = argv0 if argv0.endswith(".pyz") else str(package_file).split(".pyz", 1)[0] + ".pyz"
+        return f"{python} {shlex.quote(os.path.abspath(pyz))}"
+    root = package_file.parents[2]  # the checkout: <root>/clients/bridge/hooks_install.py
+    return f"PYTHONPATH={shlex.quote(str(root))} {python} -m clients.bridge"
+
+
+def hook_command(
+    *, home: Path, launcher: Optional[str] = None, window: int = DEFAULT_WINDOW, style: str = "allow"
+) -> str:
+    base = launcher or default_launcher()
+    home_arg = shlex.quote(str(Path(home).expanduser().resolve()))
+    return f"{base} --home {home_arg} hook --window {int(window)} --answer-style {style}"
+
+
+def desired_entries(*, command: str, window: int) -> List[Dict[str, Any]]:
+    def handler(timeout: int, status: Optional[str] = None) -> Dict[str, Any]:
+        entry: Dict[str, Any] = {"type": "command", "command": command, "timeout": timeout}
+        if status:
+            entry["statusMessage"] = status
+        return entry
+
+    return [
+        {"event": "SessionStart", "group": {"hooks": [handler(10)]}},
+        {"event": "PreToolUse", "group": {"matcher": ASK_TOOL, "hooks": [handler(window + 30, STATUS_ASK)]}},
+        {"event": "PostToolUse", "group": {"matcher": ASK_TOOL, "hooks": [handler(10)]}},
+        {"event": "UserPromptSubmit", "group": {"hooks": [handler(10)]}},
+        {"event": "Stop", "group": {"hooks": [handler(window + 30, STATUS_STOP)]}},
+        {"event": "SessionEnd", "group": {"hooks": [handler(2)]}},
+    ]
+
+
+# --- files -----------------------------------------------------------------------------------
+def _load_manifest(home: Path) -> Dict[str, Any]:
+    try:
+        data = json.loads((home / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"version": 1, "installs": {}}
+    except ValueError as exc:
+        raise HooksInstallError(f"{home / MANIFEST} is not valid JSON: {exc}") from None
+    data.setdefault("installs", {})
+    return data
+
+
+def _save_manifest(home: Path, manifest: Dict[str, Any]) -> None:
+    path = home / MANIFEST
+    if not manifest.get("installs"):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        return
+    _atomic_write(path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), mode=0o600)
+
+
+def _atomic_write(path: Path, data: bytes, mode: Optional[int] = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o600
+    tmp = path.with_name(f".{path.name}.ai1net-{os.getpid()}.tmp")
+    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _parse_settings(raw: Optional[bytes], path: Path) -> Dict[str, Any]:
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        raise HooksInstallError(f"{path} is not valid JSON ({exc}); fix it first, nothing was changed") from None
+    if not isinstance(data, dict):
+        raise HooksInstallError(f"{path} must hold a JSON object; nothing was changed")
+    return data
+
+
+def _serialize(data: Dict[str, Any], like: Optional[bytes]) -> bytes:
+    indent: Any = 2
+    if like:
+        text = like.decode("utf-8", "replace")
+        lines = text.splitlines()
+        for line in lines[1:]:
+            stripped = line.lstrip(" \t")
+            if stripped:
+                lead = line[: len(line) - len(stripped)]
+                indent = "\t" if lead.startswith("\t") else (len(lead) or 2)
+                break
+    return (json.dumps(data, indent=indent, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _remove_entries(data: Dict[str, Any], entries: List[Dict[str, Any]]) -> None:
+    hooks = data.get("hooks")
+    if not isinstance(hooks, dict):
+        return
+    for entry in entries:
+        groups = hooks.get(entry["event"])
+        if isinstance(groups, list) and entry["group"] in groups:
+            groups.remove(entry["group"])
+
+
+# --- install / rollback ----------------------------------------------------------------------
+def install(
+    *,
+    home: Path,
+    settings_path: Optional[Path] = None,
+    window: int = DEFAULT_WINDOW,
+    style: str = "allow",
+    launcher: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Add the hook entries. Returns {"settings", "changed", "backup", "command"}."""
+    if style not in ("allow", "deny"):
+        raise HooksInstallError("answer style must be allow or deny")
+    if not 5 <= int(window) <= 3600:
+        raise HooksInstallError("the window must be between 5 and 3600 seconds")
+    home = Path(home).expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = Path(os.path.realpath(os.path.expanduser(str(settings_path or default_settings_path()))))
+    raw = path.read_bytes() if path.exists() else None
+    data = _parse_settings(raw, path)
+    manifest = _load_manifest(home)
+    record = manifest["installs"].get(str(path))
+    command = hook_command(home=home, launcher=launcher, window=int(window), style=style)
+    entries = desired_entries(command=command, window=int(window))
+
+    work = copy.deepcopy(data)
+    if record:
+        _remove_entries(work, record["entries"])
+    created = list(record["created_containers"]) if record else []
+    if "hooks" not in work:
+        work["hooks"] = {}
+        created.append("hooks")
+    hooks = work["hooks"]
+    if not isinstance(hooks, dict):
+        raise HooksInstallError(f'"hooks" in {path} is not an object; nothing was changed')
+    for entry in entries:
+        groups = hooks.get(entry["event"])
+        if groups is None:
+            groups = hooks[entry["event"]] = []
+            created.append(f"hooks.{entry['event']}")
+        if not isinstance(groups, list):
+            raise HooksInstallError(f'"hooks.{entry["event"]}" in {path} is not a list; nothing was changed')
+        if entry["group"] not in groups:
+            groups.append(entry["group"])
+
+    changed = work != data or raw is None
+    backup = record.get("backup") if record else None
+    if changed:
+        if raw is not None and not record:
+            backup_path = path.with_name(f"{path.name}.ai1net-backup-{time.strftime('%Y%m%dT%H%M%S')}")
+            n = 1
+            while backup_path.exists():
+                backup_path = path.with_name(f"{path.name}.ai1net-backup-{time.strftime('%Y%m%dT%H%M%S')}-{n}")
+                n += 1
+            _atomic_write(backup_path, raw, mode=path.stat().st_mode & 0o7777)
+            backup = str(backup_path)
+        _atomic_write(path, _serialize(work, raw))
+    manifest["installs"][str(path)] = {
+        "created_file": record["created_file"] if record else raw is None,
+        "created_containers": created,
+        "entries": entries,
+        "backup": backup,
+        "installed_at": record["installed_at"] if record else time.time(),
+        "command": command,
+    }
+    _save_manifest(home, manifest)
+    return {"settings": str(path), "changed": changed, "backup": backup, "command": command}
+
+
+def rollback(*, home: Path, settings_path: Optional[Path] = None) -> List[Dict[str, Any]]:
+    """Remove what install added. Returns one {"settings", "action"} per settings file touched."""
+    home = Path(home).expanduser().resolve()
+    manifest = _load_manifest(home)
+    targets = list(manifest["installs"])
+    if settings_path is not None:
+        wanted = os.path.realpath(os.path.expanduser(str(settings_path)))
+        targets = [t for t in targets if t == wanted]
+    done = []
+    for target in targets:
+        record = manifest["installs"][target]
+        path = Path(target)
+        if not path.exists():
+            done.append({"settings": target, "action": "missing"})
+            del manifest["installs"][target]
+            continue
+        raw = path.read_bytes()
+        data = _parse_settings(raw, path)
+        work = copy.deepcopy(data)
+        _remove_entries(work, record["entries"])
+        hooks = work.get("hooks")
+        created = set(record["created_containers"])
+        if isinstance(hooks, dict):
+            for event in list(hooks):
+                if f"hooks.{event}" in created and hooks[event] == []:
+                    del hooks[event]
+            if "hooks" in created and hooks == {}:
+                del work["hooks"]
+        original = None
+        if record.get("backup"):
+            try:
+                original = Path(record["backup"]).read_bytes()
+            except OSError:
+                original = None
+        if record["created_file"] and work == {}:
+            path.unlink()
+            action = "removed"
+        elif original is not None and _parse_settings(original, path) == work:
+            _atomic_write(path, original)  # nothing else changed: the exact bytes from before
+            action = "restored"
+        else:
+            _atomic_write(path, _serialize(work, raw))
+            action = "edited"
+        if original is not None and action in ("restored", "removed"):
+            try:
+                Path(record["backup"]).unlink()
+            except OSError:
+                pass
+        del manifest["installs"][target]
+        done.append({"settings": target, "action": action})
+    _save_manifest(home, manifest)
+    return done
