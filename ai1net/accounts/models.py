@@ -42,8 +42,6 @@ class BackupCodeDevice(Device):
             return False
         # The DELETE's row count decides: two concurrent uses of one code cannot both win.
         deleted, _ = BackupCode.objects.filter(device=self, code_hash=hash_secret(code)).delete()
-        if deleted:
-            self.set_last_used_timestamp(commit=True)
         return bool(deleted)
 
     def remaining(self) -> int:

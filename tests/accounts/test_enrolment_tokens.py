@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import RequestFactory
+from django_otp.plugins.otp_totp.models import TOTPDevice
+from rest_framework.exceptions import AuthenticationFailed
+
+from ai1net.accounts.authentication import ApiTokenAuthentication
+from ai1net.accounts.models import ApiToken, AuditEntry, BackupCode, BackupCodeDevice
+from ai1net.accounts.services import hash_secret
+
+from .helpers import code_step, password_step, totp_code
+
+pytestmark = pytest.mark.django_db
+
+
+def _enrol(api):
+    assert api.post("/accounts/two-factor/start/").status_code == 302
+    page = api.get("/accounts/")
+    assert page.status_code == 200
+    device = TOTPDevice.objects.get(confirmed=False)
+    return page, device
+
+
+def test_enrol_shows_qr_and_secret_then_confirms(api, user):
+    page, device = _enrol(api)
+    html = page.content.decode()
+    assert "<svg" in html and "otp-secret" in html
+    secret = re.search(r'class="otp-secret">([A-Z2-7=]+)<', html).group(1)
+    assert secret in device.config_url and device.config_url.startswith("otpauth://totp/ai1net")
+
+    wrong = f"{(int(totp_code(device)) + 1) % 1_000_000:06d}"
+    assert api.post("/accounts/two-factor/confirm/", {"code": wrong}).status_code == 400
+    device.refresh_from_db()
+    assert not device.confirmed
+
+    response = api.post("/accounts/two-factor/confirm/", {"code": totp_code(device)})
+    assert response.status_code == 200
+    device.refresh_from_db()
+    assert device.confirmed
+    codes = re.findall(r"\b[a-z2-9]{5}-[a-z2-9]{5}\b", response.content.decode())
+    assert len(codes) == 10
+    # Stored hashed only.
+    stored = set(BackupCode.objects.values_list("code_hash", flat=True))
+    assert stored == {hash_secret(c.replace("-", "")) for c in codes}
+    assert b"Verified with two-factor" in api.get("/accounts/").content
+    assert AuditEntry.objects.filter(action="accounts.otp.enrolled", subject=user).exists()
+
+
+def test_next_login_asks_for_code_after_enrolment(client, api, user, password):
+    _, device = _enrol(api)
+    api.post("/accounts/two-factor/confirm/", {"code": totp_code(device)})
+    api.post("/accounts/logout/")
+    response = password_step(client, "alice", password)
+    assert response["Location"].startswith("/accounts/login/code/")
+
+
+def test_remove_two_factor(api, user):
+    _, device = _enrol(api)
+    api.post("/accounts/two-factor/confirm/", {"code": totp_code(device)})
+    assert api.post("/accounts/two-factor/remove/").status_code == 302
+    assert not TOTPDevice.objects.filter(user=user).exists()
+    assert not BackupCodeDevice.objects.filter(user=user).exists()
+    assert AuditEntry.objects.filter(action="accounts.otp.removed").exists()
+
+
+def test_remove_needs_a_verified_session(client, user, password):
+    TOTPDevice.objects.create(user=user, name="app", confirmed=True)
+    client.force_login(user)  # logged in but never verified
+    response = client.post("/accounts/two-factor/remove/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/code/")
+    assert TOTPDevice.objects.filter(user=user).exists()
+
+
+def test_api_token_needs_verified_login(api, user):
+    response = api.post("/accounts/tokens/", {"name": "agent"})
+    assert response.status_code == 403
+    assert not ApiToken.objects.exists()
+
+
+def test_api_token_shown_once_stored_hashed_and_revocable(client, user, password):
+    device = TOTPDevice.objects.create(user=user, name="app", confirmed=True)
+    password_step(client, "alice", password)
+    code_step(client, totp_code(device))
+    response = client.post("/accounts/tokens/", {"name": "claude"})
+    assert response.status_code == 200
+    raw = re.search(r'class="new-token">(ai1_[A-Za-z0-9_\-]+)<', response.content.decode()).group(1)
+    token = ApiToken.objects.get()
+    assert token.token_hash == hash_secret(raw) and raw not in str(ApiToken.objects.values().get())
+    assert raw.encode() not in client.get("/accounts/").content, "shown once"
+
+    auth = ApiTokenAuthentication()
+    request = RequestFactory().get("/", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert auth.authenticate(request)[0] == user
+
+    assert client.post(f"/accounts/tokens/{token.pk}/revoke/").status_code == 302
+    with pytest.raises(AuthenticationFailed):
+        auth.authenticate(RequestFactory().get("/", HTTP_AUTHORIZATION=f"Bearer {raw}"))
+    assert client.post(f"/accounts/tokens/{token.pk}/revoke/").status_code == 404
+
+
+def test_someone_elses_token_is_404(api, other_user):
+    from ai1net.accounts import services
+
+    token, _ = services.api_token_create(user=other_user, name="theirs")
+    assert api.post(f"/accounts/tokens/{token.pk}/revoke/").status_code == 404
+    token.refresh_from_db()
+    assert token.revoked_at is None

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import Client
+
+from ai1net.accounts import selectors, services
+from ai1net.accounts.models import AuditEntry
+from ai1net.accounts.signals import switch_changed
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(django_user_model, password):
+    return django_user_model.objects.create_superuser(username="root", password=password)
+
+
+def test_switches_start_off(user):
+    assert user.mobile_reply_enabled is False and user.device_web_enabled is False
+    assert not selectors.mobile_reply_active(user) and not selectors.device_web_active(user)
+
+
+def test_switch_change_is_audited_and_announced_after_commit(user, operator, django_capture_on_commit_callbacks):
+    received = []
+
+    def receiver(sender, user, switch, enabled, **kwargs):
+        received.append((user.pk, switch, enabled))
+
+    switch_changed.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            assert services.user_switch_set(actor=operator, user=user, switch="device_web", enabled=True,
+                                            ip="192.0.2.7") is True
+        assert received == [], "the signal must wait for the commit"
+        for callback in callbacks:
+            callback()
+        assert received == [(user.pk, "device_web", True)]
+    finally:
+        switch_changed.disconnect(receiver)
+
+    user.refresh_from_db()
+    assert user.device_web_enabled is True
+    entry = AuditEntry.objects.get(action="accounts.switch.device_web")
+    assert entry.actor == operator and entry.subject == user
+    assert entry.data == {"switch": "device_web", "old": False, "new": True}
+    assert entry.ip == "192.0.2.7" and entry.created_at is not None
+    assert entry.actor_label == f"root (#{operator.pk})"
+
+
+def test_unchanged_switch_records_nothing(user):
+    assert services.user_switch_set(actor=user, user=user, switch="mobile_reply", enabled=False) is False
+    assert not AuditEntry.objects.exists()
+
+
+def test_unknown_switch_refused(user):
+    with pytest.raises(services.ValidationFailed):
+        services.user_switch_set(actor=user, user=user, switch="teleport", enabled=True)
+
+
+def test_global_stop_overrides_every_user(user, settings):
+    services.user_switch_set(actor=user, user=user, switch="mobile_reply", enabled=True)
+    services.user_switch_set(actor=user, user=user, switch="device_web", enabled=True)
+    assert selectors.mobile_reply_active(user) and selectors.device_web_active(user)
+    settings.MOBILE_REPLY_ENABLED = False
+    assert not selectors.mobile_reply_active(user) and selectors.device_web_active(user)
+    settings.DEVICE_WEB_ENABLED = False
+    assert not selectors.device_web_active(user)
+    user.refresh_from_db()
+    assert user.mobile_reply_enabled, "the stop overrides; it does not rewrite the user's own switch"
+
+
+def test_user_changes_own_mobile_reply_on_account_page(api, user):
+    response = api.post("/accounts/mobile-reply/", {"enabled": "1"}, REMOTE_ADDR="198.51.100.4")
+    assert response.status_code == 302
+    user.refresh_from_db()
+    assert user.mobile_reply_enabled
+    entry = AuditEntry.objects.get()
+    assert (entry.actor, entry.subject, entry.ip) == (user, user, "198.51.100.4")
+    page = api.get("/accounts/")
+    assert b"Turn off" in page.content
+
+
+def test_account_page_shows_global_stop(api, user, settings):
+    settings.MOBILE_REPLY_ENABLED = False
+    assert b"stopped mobile reply for everybody" in api.get("/accounts/").content
+
+
+def test_switch_post_keeps_csrf(user):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    assert client.post("/accounts/mobile-reply/", {"enabled": "1"}).status_code == 403
+    user.refresh_from_db()
+    assert not user.mobile_reply_enabled
+
+
+def _make_chain(user, n=4):
+    for i in range(n):
+        services.audit_record(actor=user, subject=user, action="test.event", data={"i": i, "text": "ünï"}, ip="::1")
+    return list(AuditEntry.objects.order_by("id"))
+
+
+def test_audit_chain_links_and_verifies(user, capsys):
+    entries = _make_chain(user)
+    assert entries[0].prev_hash == AuditEntry.GENESIS
+    for before, after in zip(entries, entries[1:], strict=False):
+        assert after.prev_hash == before.hash
+    assert selectors.audit_chain_verify() == (4, None)
+    call_command("verify_audit_chain")
+    assert "audit chain ok: 4 entries" in capsys.readouterr().out
+
+
+def test_tampered_audit_row_detected(user):
+    entries = _make_chain(user)
+    target = entries[2]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {AuditEntry._meta.db_table} SET action = %s WHERE id = %s", ["test.forged", target.pk])
+    with pytest.raises(CommandError, match=f"entry #{target.pk}"):
+        call_command("verify_audit_chain")
+
+
+def test_removed_audit_row_detected(user):
+    entries = _make_chain(user)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {AuditEntry._meta.db_table} WHERE id = %s", [entries[1].pk])
+    checked, broken = selectors.audit_chain_verify()
+    assert broken is not None and broken.entry_id == entries[2].pk and checked == 1
+
+
+def test_audit_log_is_append_only(user):
+    entry = _make_chain(user, n=1)[0]
+    entry.action = "changed"
+    with pytest.raises(TypeError):
+        entry.save()
+    with pytest.raises(TypeError):
+        entry.delete()
+    with pytest.raises(TypeError):
+        AuditEntry.objects.all().delete()
+    with pytest.raises(TypeError):
+        AuditEntry.objects.update(action="x")
+    assert AuditEntry.objects.get().action == "test.event"
+
+
+def test_deleting_a_user_keeps_the_chain_valid(user, django_user_model):
+    other = django_user_model.objects.create_user(username="bob", password="x-long-password-1")
+    services.audit_record(actor=other, subject=user, action="test.event", data={})
+    other.delete()
+    assert AuditEntry.objects.get().actor is None
+    assert selectors.audit_chain_verify() == (1, None)
