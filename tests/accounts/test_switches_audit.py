@@ -148,3 +148,30 @@ def test_deleting_a_user_keeps_the_chain_valid(user, django_user_model):
     other.delete()
     assert AuditEntry.objects.get().actor is None
     assert selectors.audit_chain_verify() == (1, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_appends_never_fork_the_chain(user):
+    import threading
+
+    from django.db import connections
+
+    errors = []
+
+    def worker(n):
+        try:
+            for i in range(8):
+                services.audit_record(actor=None, action="test.concurrent", data={"worker": n, "i": i})
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert AuditEntry.objects.count() == 32
+    assert selectors.audit_chain_verify() == (32, None)
