@@ -10,7 +10,10 @@ import zipapp
 from pathlib import Path
 
 CLIENTS = {"ai1net-bridge": "clients.bridge", "ai1net-probe": "clients.probe"}
-VENDORED = ["websockets"]  # pure-Python fallback is used where its C speedups are absent
+# Pure-Python dependencies carried inside each .pyz: websockets falls back to Python where its
+# C speedups are absent; qrcode draws the pairing QR in the terminal (PNG/PIL backends unused).
+VENDORED = ["websockets", "qrcode"]
+VENDOR_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "tests")
 ROOT = Path(__file__).resolve().parent
 
 
@@ -18,21 +21,28 @@ def build(out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     built = []
     for name, module in CLIENTS.items():
-        if importlib.util.find_spec(module) is None:
-            continue
+        if not _has_entry_point(module):
+            continue  # that client is not written yet
         with tempfile.TemporaryDirectory() as tmp:
             stage = Path(tmp)
             shutil.copytree(ROOT, stage / "clients", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build.py"))
             for dep in VENDORED:
                 spec = importlib.util.find_spec(dep)
                 assert spec and spec.origin, dep
-                shutil.copytree(
-                    Path(spec.origin).parent, stage / dep, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
-                )
+                shutil.copytree(Path(spec.origin).parent, stage / dep, ignore=VENDOR_IGNORE)
             target = out_dir / f"{name}.pyz"
-            zipapp.create_archive(stage, target, interpreter="/usr/bin/env python3", main=f"{module}.__main__:main")
+            zipapp.create_archive(
+                stage, target, interpreter="/usr/bin/env python3", main=f"{module}.__main__:main", compressed=True
+            )
             built.append(target)
     return built
+
+
+def _has_entry_point(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"{module}.__main__") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def main() -> None:

@@ -1,0 +1,83 @@
+"""`python -m clients.build` makes single-file clients that run on a bare Python: nothing imported
+from the virtualenv (-I -S: no site-packages, no PYTHONPATH, no user site, run from elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from clients import protocol
+from clients.common.credentials import Credential, save_credential
+from tests.clients.fakes import FakePairingServer, FakeTunnelServer, approved
+from tests.clients.test_bridge import ROOT
+
+BARE = [sys.executable, "-I", "-S"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pyz")
+    result = subprocess.run([sys.executable, "-m", "clients.build", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def bare(*args: str, cwd, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*BARE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_bare_interpreter_really_lacks_the_dependencies(tmp_path):
+    result = bare("-c", "import websockets", cwd=tmp_path)
+    assert result.returncode != 0 and "No module named 'websockets'" in result.stderr
+
+
+def test_the_bridge_pyz_carries_its_dependencies(built, tmp_path):
+    pyz = built / "ai1net-bridge.pyz"
+    names = zipfile.ZipFile(pyz).namelist()
+    assert "__main__.py" in names and "clients/protocol.py" in names and "clients/common/tunnel.py" in names
+    assert "websockets/asyncio/client.py" in names and "qrcode/main.py" in names
+    assert not any(name.endswith((".pyc", ".so", "build.py")) or "/tests/" in name for name in names)
+    result = bare(str(pyz), "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "pair" in result.stdout and "run" in result.stdout and "status" in result.stdout
+    result = bare(str(pyz), "--home", str(tmp_path / "h"), "status", cwd=tmp_path)
+    assert result.returncode == 1 and "paired: no" in result.stdout
+
+
+def test_the_bridge_pyz_pairs_with_a_qr_code(built, tmp_path):
+    with FakePairingServer(token_answers=[approved()], interval=1) as server:
+        result = bare(str(built / "ai1net-bridge.pyz"), "--home", str(tmp_path / "h"), "pair", server.url,
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "code: BCDF-GHJK" in result.stdout and "\u2588" in result.stdout  # qrcode ran from the zip
+
+
+async def test_the_bridge_pyz_speaks_the_tunnel(built, tmp_path):
+    async with FakeTunnelServer() as server:
+        save_credential(tmp_path, Credential(url=server.url, device_id="d", token=server.token, kind="bridge", name="n"))
+        server.close_on_connect = protocol.CLOSE_REVOKED
+        process = await asyncio.create_subprocess_exec(
+            *BARE, str(built / "ai1net-bridge.pyz"), "--home", str(tmp_path), "run", cwd=str(tmp_path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 3, err.decode()
+    assert "revoked by its owner" in err.decode()
+    assert server.handshakes[0]["authorization"] == f"Bearer {server.token}"
+
+
+def test_the_probe_pyz_runs_when_the_probe_exists(built, tmp_path):
+    try:
+        has_probe = importlib.util.find_spec("clients.probe.__main__") is not None
+    except ModuleNotFoundError:
+        has_probe = False
+    if not has_probe:
+        assert not (built / "ai1net-probe.pyz").exists()
+        return
+    result = bare(str(built / "ai1net-probe.pyz"), "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
