@@ -177,7 +177,9 @@ class LocalApi:
             raise last_error or OSError("could not bind the local API")
         self._server.api = self
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="ai1net-local-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="ai1net-local-api", daemon=True
+        )
         self._thread.start()
         write_private_json(self.home / "local.json", {"port": self.port, "secret": self.secret, "pid": os.getpid()})
         return self.port

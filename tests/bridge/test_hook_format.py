@@ -1,0 +1,186 @@
+"""What the hook prints: the exact JSON shapes Claude Code reads."""
+
+import io
+import json
+
+from clients.bridge import hook
+
+FRAMEWORK = {
+    "question": "Which framework?",
+    "header": "Framework",
+    "options": [{"label": "React", "description": "SPA"}, {"label": "Vue", "description": "SPA"}],
+    "multiSelect": False,
+}
+FEATURES = {
+    "question": "Which features?",
+    "header": "Features",
+    "options": [
+        {"label": "Auth", "description": "login"},
+        {"label": "Search", "description": "full text"},
+        {"label": "Export", "description": "CSV"},
+    ],
+    "multiSelect": True,
+}
+
+
+def test_single_question_allow_echoes_the_questions_and_adds_answers():
+    tool_input = {"questions": [FRAMEWORK]}
+    out = hook.pre_tool_use_output(tool_input, {"Which framework?": ["React"]}, None)
+    assert out == {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "allow",
+            "updatedInput": {"questions": [FRAMEWORK], "answers": {"Which framework?": "React"}},
+        }
+    }
+    assert tool_input == {"questions": [FRAMEWORK]}  # the original is not modified
+
+
+def test_several_questions_multi_select_joined_and_other_text_appended_in_asked_order():
+    tool_input = {"questions": [FRAMEWORK, FEATURES], "metadata": {"source": "x"}}
+    out = hook.pre_tool_use_output(
+        tool_input,
+        {"Which features?": ["Auth", "Export"], "Which framework?": []},
+        {"Which framework?": "  Svelte, please "},
+    )
+    updated = out["hookSpecificOutput"]["updatedInput"]
+    assert updated == {
+        "questions": [FRAMEWORK, FEATURES],
+        "metadata": {"source": "x"},
+        "answers": {"Which framework?": "Svelte, please", "Which features?": "Auth, Export"},
+    }
+    assert list(updated["answers"]) == ["Which framework?", "Which features?"]
+
+
+def test_labels_and_other_text_together():
+    values = hook.answer_values([FEATURES], {"Which features?": ["Search"]}, {"Which features?": "and dark mode"})
+    assert values == {"Which features?": "Search, and dark mode"}
+
+
+def test_deny_style_says_it_is_the_users_answer_and_quotes_it():
+    out = hook.pre_tool_use_output(
+        {"questions": [FRAMEWORK, FEATURES]},
+        {"Which framework?": ["Vue"], "Which features?": ["Auth", "Search"]},
+        {},
+        style="deny",
+    )
+    assert out == {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": "The user answered on their phone (this is their answer, not a refusal): "
+            '"Which framework?"="Vue", "Which features?"="Auth, Search". Continue with this answer.',
+        }
+    }
+
+
+def test_no_usable_answer_means_no_output():
+    assert hook.pre_tool_use_output({"questions": [FRAMEWORK]}, {"Something else?": ["x"]}, {}) is None
+    assert hook.pre_tool_use_output({"questions": [FRAMEWORK]}, {}, {"Which framework?": "   "}) is None
+
+
+def test_user_prompt_submit_and_stop_shapes():
+    assert hook.user_prompt_output([]) is None
+    assert hook.user_prompt_output(["run the tests", "then push"]) == {
+        "hookSpecificOutput": {
+            "hookEventName": "UserPromptSubmit",
+            "additionalContext": "Message from the user's phone: run the tests\n\n"
+            "Message from the user's phone: then push",
+        }
+    }
+    assert hook.stop_output("keep going with B") == {"decision": "block", "reason": "keep going with B"}
+
+
+class _Daemon:
+    """A stand-in for the daemon's HTTP API (hook.Daemon's interface)."""
+
+    def __init__(self, replies):
+        self.replies = replies
+        self.posts = []
+
+    def post(self, route, body, timeout):
+        self.posts.append((route, body))
+        reply = self.replies[route]
+        return reply.pop(0) if isinstance(reply, list) else reply
+
+    def post_retrying(self, route, body, timeout, deadline):
+        return self.post(route, body, timeout)
+
+
+def test_pre_tool_use_flow_long_polls_until_the_answer():
+    daemon = _Daemon(
+        {
+            "pre-tool-use": {"question_id": "q1"},
+            "questions/wait": [{"state": "pending"}, {"state": "answered", "answers": {"Which framework?": ["Vue"]}}],
+        }
+    )
+    event = {
+        "hook_event_name": "PreToolUse",
+        "session_id": "s1",
+        "tool_name": "AskUserQuestion",
+        "tool_use_id": "toolu_1",
+        "tool_input": {"questions": [FRAMEWORK]},
+    }
+    out = hook.handle(event, daemon, window=30, style="allow")
+    assert out["hookSpecificOutput"]["updatedInput"]["answers"] == {"Which framework?": "Vue"}
+    assert [route for route, _ in daemon.posts] == ["pre-tool-use", "questions/wait", "questions/wait"]
+    assert daemon.posts[0][1]["window_sec"] == 30
+
+
+def test_pre_tool_use_moved_or_skipped_prints_nothing():
+    event = {
+        "hook_event_name": "PreToolUse",
+        "session_id": "s1",
+        "tool_name": "AskUserQuestion",
+        "tool_input": {"questions": [FRAMEWORK]},
+    }
+    skipped = _Daemon({"pre-tool-use": {"skip": "mobile_reply_off"}})
+    assert hook.handle(event, skipped, window=30, style="allow") is None
+    moved = _Daemon({"pre-tool-use": {"question_id": "q1"}, "questions/wait": {"state": "moved"}})
+    assert hook.handle(event, moved, window=30, style="allow") is None
+
+
+def test_pre_tool_use_window_over_gives_up_but_takes_a_last_moment_answer():
+    event = {
+        "hook_event_name": "PreToolUse",
+        "session_id": "s1",
+        "tool_name": "AskUserQuestion",
+        "tool_input": {"questions": [FRAMEWORK]},
+    }
+    daemon = _Daemon(
+        {
+            "pre-tool-use": {"question_id": "q1"},
+            "questions/wait": {"state": "pending"},
+            "questions/give-up": {"state": "answered", "answers": {"Which framework?": ["React"]}},
+        }
+    )
+    out = hook.handle(event, daemon, window=0.0001, style="allow")
+    assert out["hookSpecificOutput"]["updatedInput"]["answers"] == {"Which framework?": "React"}
+    assert daemon.posts[-1] == ("questions/give-up", {"question_id": "q1", "reason": "timeout"})
+
+
+def test_other_tools_and_events_are_left_alone():
+    daemon = _Daemon({})
+    assert hook.handle({"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "Bash"}, daemon, window=5, style="allow") is None
+    assert hook.handle({"hook_event_name": "Notification", "session_id": "s"}, daemon, window=5, style="allow") is None
+    assert daemon.posts == []
+
+
+def test_run_prints_one_json_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(hook, "Daemon", lambda home: _Daemon({"user-prompt-submit": {"messages": [{"text": "hi"}]}}))
+    out = io.StringIO()
+    event = {"hook_event_name": "UserPromptSubmit", "session_id": "s", "prompt": "x"}
+    assert hook.run(str(tmp_path), stdin=io.BytesIO(json.dumps(event).encode()), stdout=out) == 0
+    assert json.loads(out.getvalue()) == hook.user_prompt_output(["hi"])
+    assert out.getvalue().count("\n") == 1
+
+
+def test_run_fails_open_on_any_error(tmp_path, monkeypatch):
+    def broken(home):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(hook, "Daemon", broken)
+    for raw in (b"", b"not json", b"[1, 2]", json.dumps({"hook_event_name": "SessionStart", "session_id": "s"}).encode()):
+        out = io.StringIO()
+        assert hook.run(str(tmp_path), stdin=io.BytesIO(raw), stdout=out) == 0
+        assert out.getvalue() == ""
