@@ -166,6 +166,9 @@ class Confinement:
         try:
             fd = os.open(real, DIR_FLAGS)
         except OSError as exc:
+            if exc.errno == errno.ENOTDIR and os.path.islink(real):
+                # Linux reports a link met by O_DIRECTORY|O_NOFOLLOW as "not a directory".
+                raise self._outside("it was replaced by a symbolic link") from None
             if exc.errno == errno.ENOTDIR:
                 raise ProbeError("not_a_directory", f"{path} is not a directory") from None
             raise self._open_error(exc, path) from None
