@@ -14,6 +14,7 @@ import difflib
 import json
 import logging
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -189,8 +190,7 @@ def command_preview_build(*, command_id: Any) -> None:
     path = command.args["path"]
     note = "(no preview: the current file could not be shown as text)"
     try:
-        current = _text_of(device_call(device=command.device, method="probe.read", params={"path": path},
-                                       timeout=CALL_TIMEOUT_SEC))
+        current = _read_whole(command.device, path)
     except ApplicationError as exc:
         current = "" if exc.code in NOT_FOUND_CODES else None  # a new file diffs against nothing
         note = f"(no preview: {exc.code}: {exc.detail})"
@@ -267,6 +267,10 @@ def _notify_finished() -> None:
         selectors.finished.notify_all()
 
 
+_background: set[threading.Thread] = set()
+_background_lock = threading.Lock()
+
+
 def _in_background(function: Any, **kwargs: Any) -> None:
     def run() -> None:
         try:
@@ -275,8 +279,27 @@ def _in_background(function: Any, **kwargs: Any) -> None:
             logger.exception("background %s(%s) failed", function.__name__, kwargs)
         finally:
             connections.close_all()  # this thread's connections only
+            with _background_lock:
+                _background.discard(threading.current_thread())
 
-    threading.Thread(target=run, name=f"probes-{function.__name__}", daemon=True).start()
+    thread = threading.Thread(target=run, name=f"probes-{function.__name__}", daemon=True)
+    with _background_lock:
+        _background.add(thread)
+    thread.start()
+
+
+def background_join(timeout: float = 10.0) -> bool:
+    """Wait for this process's in-flight device calls (tests, graceful shutdown). True when none is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _background_lock:
+            threads = list(_background)
+        if not threads:
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        threads[0].join(remaining)
 
 
 def _call_timeout(command: ProbeCommand) -> float:
@@ -284,6 +307,23 @@ def _call_timeout(command: ProbeCommand) -> float:
     if command.op == "run" and isinstance(timeout, (int, float)):
         return min(MAX_CALL_TIMEOUT_SEC, float(timeout) + 15)
     return CALL_TIMEOUT_SEC
+
+
+def _read_whole(device: Device, path: str, max_pages: int = 20) -> str | None:
+    """The current text of a file through the probe's paged `read` (None if binary or too long)."""
+    parts: list[str] = []
+    params: dict[str, Any] = {"path": path}
+    for _ in range(max_pages):
+        result = device_call(device=device, method="probe.read", params=params, timeout=CALL_TIMEOUT_SEC)
+        text = _text_of(result)
+        if text is None:
+            return None
+        parts.append(text)
+        next_offset = result.get("next_offset") if isinstance(result, dict) else None
+        if not next_offset:
+            return "".join(parts)
+        params = {"path": path, "offset": next_offset}
+    return None
 
 
 def _text_of(result: Any) -> str | None:
@@ -295,7 +335,9 @@ def _text_of(result: Any) -> str | None:
             return result[key]
     lines = result.get("lines")
     if isinstance(lines, list):
-        texts = [line.get("text", "") if isinstance(line, dict) else str(line) for line in lines]
+        # The probe sends [[number, text], ...] with line ends stripped.
+        texts = [line[-1] if isinstance(line, list) and line else
+                 line.get("text", "") if isinstance(line, dict) else str(line) for line in lines]
         return "".join(text if text.endswith("\n") else text + "\n" for text in texts)
     return None
 

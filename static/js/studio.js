@@ -85,8 +85,11 @@
   function codeBlock(lines, firstLine) {
     const pre = el("pre", { class: "code", "data-testid": "code" });
     lines.forEach((line, i) => {
-      const number = line && typeof line === "object" ? (line.n || line.line || line.number || firstLine + i) : firstLine + i;
-      const text = line && typeof line === "object" ? (line.text !== undefined ? line.text : "") : String(line);
+      let number = firstLine + i;
+      let text = line;
+      if (Array.isArray(line)) { number = line[0]; text = line[1]; }  // the probe's [n, text] pairs
+      else if (line && typeof line === "object") { number = line.n || line.line || number; text = line.text || ""; }
+      text = String(text);
       pre.appendChild(el("span", { class: "ln", text: String(number) }));
       pre.appendChild(document.createTextNode(text.replace(/\n$/, "") + "\n"));
     });
@@ -94,8 +97,7 @@
   }
 
   function renderRead(result, args) {
-    const offset = result.offset !== undefined ? result.offset : (args.offset || 0);
-    const first = result.start_line || result.first_line || (offset + 1);
+    const first = result.offset || args.offset || 1;  // 1-based line of the page's first line
     let lines = null;
     if (Array.isArray(result.lines)) lines = result.lines;
     else if (typeof result.content === "string" && result.encoding !== "base64") lines = result.content.split("\n");
