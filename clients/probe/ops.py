@@ -176,6 +176,7 @@ def op_read(conf: Confinement, p: Params) -> Dict[str, Any]:
                 text = raw[:max_bytes].decode("utf-8", "replace") + " [line cut]"
                 lines.append([number, text])
                 number += 1
+                used = max_bytes  # the page is full
                 continue
             if lines and used + len(raw) > max_bytes:
                 f.seek(start)
