@@ -436,11 +436,13 @@ def _grep_rg(
     ]  # fmt: skip
     if ignore_case:
         argv.append("--ignore-case")
-    if glob is not None:
-        argv += ["--glob", glob]
-    argv += ["--regexp", pattern, "--", real]
+    # rg's own --glob would overrule .gitignore; the glob is applied to its hits instead, exactly as
+    # the Python engine applies it, so both engines answer alike.
+    matcher = ignore.Glob(glob) if glob is not None else None
+    cwd, target = (real, ".") if os.path.isdir(real) else os.path.split(real)
+    argv += ["--regexp", pattern, "--", target]
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_base_env(real)
+        argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_base_env(cwd)
     )
     errors: List[bytes] = []
     drain = threading.Thread(target=lambda: errors.append(proc.stderr.read(65536)), daemon=True)
@@ -455,8 +457,11 @@ def _grep_rg(
             if event.get("type") != "match":
                 continue
             data = event["data"]
-            hit_path = _rg_text(data["path"])
+            shown = _rg_text(data["path"])
+            hit_path = os.path.normpath(os.path.join(cwd, shown))
             if not conf.is_inside(hit_path):  # rg never follows links; belt and braces
+                continue
+            if matcher is not None and target == "." and not matcher.admits(os.path.relpath(hit_path, cwd)):
                 continue
             if len(hits) >= cap:
                 truncated = True
