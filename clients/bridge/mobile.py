@@ -153,7 +153,13 @@ class MobileBridge:
         return await handler(body)
 
     async def _health(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        return {"ok": True, "pid": os.getpid(), "switch": self.switch, "queue_depth": self.store.queue_depth()}
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "switch": self.switch,
+            "queue_depth": self.store.queue_depth(),
+            "waiting": sorted(self._waiting),  # questions a hook is waiting on right now
+        }
 
     async def _session_start(self, body: Dict[str, Any]) -> Dict[str, Any]:
         session_id = _text(body, "session_id", limit=200)
