@@ -79,3 +79,12 @@ def test_link_dead_once_someone_created_a_user(client, django_user_model):
 def test_bad_token_404(client):
     _link()
     assert client.get("/setup/not-the-token").status_code == 404
+
+
+def test_createsuperuser_works_too(monkeypatch, client):
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "a long operator pass 9")
+    call_command("createsuperuser", interactive=False, username="admin", email="admin@example.com",
+                 stdout=StringIO())
+    operator = get_user_model().objects.get(username="admin")
+    assert operator.is_superuser and operator.check_password("a long operator pass 9")
+    assert not operator.mobile_reply_enabled and not operator.device_web_enabled
