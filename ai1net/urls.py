@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.contrib.staticfiles.views import serve as static_serve
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from ai1net import views
@@ -16,4 +17,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
+    # daphne serves no files itself: the pages' small CSS/JS come from the finders (no collectstatic step).
+    re_path(r"^static/(?P<path>.+)$", static_serve, {"insecure": True}),
 ]

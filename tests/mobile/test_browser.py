@@ -1,0 +1,62 @@
+"""Headless Chromium on the real phone page: tap an option, send, and the answer is stored and queued."""
+
+from __future__ import annotations
+
+import pytest
+
+from devices.models import OutboxItem
+from mobile.models import Answer, Question
+from tests.e2e_support import Daphne, wait_until
+from tests.mobile.factories import TWO_QUESTIONS, ask
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_tapping_an_option_on_the_phone_page_answers_the_question(tmp_path, client, bridge, mobile_user):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    question, _nonce = ask(bridge, questions=TWO_QUESTIONS)
+    client.force_login(mobile_user)
+    session_key = client.cookies["sessionid"].value
+    server = Daphne(tmp_path)
+    try:
+        with playwright_api.sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+            )
+            try:
+                context.add_cookies([{"name": "sessionid", "value": session_key, "url": server.url}])
+                page = context.new_page()
+                page.goto(f"{server.url}/m/")
+                card = page.locator(f'[data-testid="question"][data-question-id="{question.pk}"]')
+                card.wait_for(timeout=15_000)
+                # The socket comes up (live), the headers and descriptions are shown.
+                page.locator('[data-testid="live-state"]', has_text="live").wait_for(timeout=15_000)
+                assert "Framework" in card.text_content() and "Progressive" in card.text_content()
+                card.locator('[data-testid="option"][data-label="Vue"]').click()
+                checks = card.locator('[data-testid="option"][data-question="Which checks should run?"]')
+                checks.filter(has_text="Lint").click()
+                checks.filter(has_text="Tests").click()
+                assert card.locator('[data-testid="option"][data-label="Tests"]').get_attribute("aria-pressed") == "true"
+                card.locator('[data-testid="other"][data-question="Which framework?"]').fill("with Pinia")
+                card.locator('[data-testid="submit-answer"]').click()
+                card.locator('[data-testid="question-state"]', has_text="Answered").wait_for(timeout=15_000)
+            finally:
+                context.close()
+    finally:
+        server.stop()
+
+    answer = wait_until(lambda: Answer.objects.filter(question=question).first(), timeout=10, message="the answer")
+    assert answer.via == "phone" and answer.actor_id == mobile_user.pk
+    assert answer.answers == {"Which framework?": ["Vue"], "Which checks should run?": ["Lint", "Tests"]}
+    assert answer.other == {"Which framework?": "with Pinia"}
+    assert Question.objects.get(pk=question.pk).state == "answered"
+    item = OutboxItem.objects.get(device=bridge, kind="mobile.answer")
+    assert item.payload["question_id"] == str(question.pk)
+    assert item.payload["answers"] == answer.answers and item.payload["other"] == answer.other
