@@ -10,14 +10,17 @@ callers wait on the row (selectors.command_wait), never on the call itself.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import json
 import logging
+import os
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import F
@@ -267,39 +270,50 @@ def _notify_finished() -> None:
         selectors.finished.notify_all()
 
 
-_background: set[threading.Thread] = set()
-_background_lock = threading.Lock()
+_EXECUTOR = ThreadPoolExecutor(max_workers=32, thread_name_prefix="probes")
+_inflight = 0
+_inflight_changed = threading.Condition()
+
+
+def _main_event_loop() -> asyncio.AbstractEventLoop | None:
+    """daphne's event loop when called from a request (or on_commit) thread, else None."""
+    if getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return None
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    return loop if loop is not None and loop.is_running() else None
 
 
 def _in_background(function: Any, **kwargs: Any) -> None:
+    """Run `function(**kwargs)` after the caller returns. Under daphne it runs in a worker thread
+    attached to daphne's event loop, so device_call reaches the channel layer that lives there (the
+    in-memory layer only works on its own loop); elsewhere (tests, management commands) in a thread."""
+    global _inflight
+
     def run() -> None:
+        global _inflight
         try:
             function(**kwargs)
         except Exception:
             logger.exception("background %s(%s) failed", function.__name__, kwargs)
         finally:
             connections.close_all()  # this thread's connections only
-            with _background_lock:
-                _background.discard(threading.current_thread())
+            with _inflight_changed:
+                _inflight -= 1
+                _inflight_changed.notify_all()
 
-    thread = threading.Thread(target=run, name=f"probes-{function.__name__}", daemon=True)
-    with _background_lock:
-        _background.add(thread)
-    thread.start()
+    with _inflight_changed:
+        _inflight += 1
+    loop = _main_event_loop()
+    if loop is not None:
+        asyncio.run_coroutine_threadsafe(sync_to_async(run, thread_sensitive=False, executor=_EXECUTOR)(), loop)
+    else:
+        threading.Thread(target=run, name=f"probes-{function.__name__}", daemon=True).start()
 
 
 def background_join(timeout: float = 10.0) -> bool:
     """Wait for this process's in-flight device calls (tests, graceful shutdown). True when none is left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with _background_lock:
-            threads = list(_background)
-        if not threads:
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        threads[0].join(remaining)
+    with _inflight_changed:
+        return _inflight_changed.wait_for(lambda: _inflight == 0, timeout)
 
 
 def _call_timeout(command: ProbeCommand) -> float:

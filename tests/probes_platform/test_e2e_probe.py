@@ -1,0 +1,141 @@
+"""The gateway end to end: a real daphne, a real probe process, the agents' API over HTTP with an API
+token. Reads run at once; writes and commands wait for approval, run once after it, never after a skip;
+a read-only probe refuses them without asking; a probe that went away fails what it was sent."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ai1net.accounts.services import api_token_create
+from devices import services as device_services
+from devices.models import Device
+from tests.e2e_support import Daphne, Process, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def start_probe(server: Daphne, device: Device, token: str, root: Path, logs: Path, *flags: str) -> Process:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "REDIS_URL"))}
+    env.update({"PYTHONUNBUFFERED": "1", "AI1NET_PROBE_TOKEN": token, "AI1NET_PROBE_DEVICE_ID": str(device.pk)})
+    process = Process([sys.executable, "-m", "clients.probe", "run", server.url, "--allow", str(root), *flags],
+                      logs / f"probe-{device.name}.log", env=env)
+    wait_until(lambda: Device.objects.get(pk=device.pk).is_online, 20, message=f"probe online ({process.log_path})")
+    return process
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "hello.py").write_text("def hello():\n    return 'hi'\n")
+    (tmp_path / "proj2").mkdir()
+    (tmp_path / "proj2" / "secret.txt").write_text("sibling\n")
+    return root
+
+
+@pytest.fixture
+def server(tmp_path):
+    daphne = Daphne(tmp_path)
+    yield daphne
+    daphne.stop()
+
+
+def agent(server: Daphne, user) -> httpx.Client:
+    raw = api_token_create(user=user, name="agent")[1]
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {raw}"}, timeout=70)
+
+
+def command(http: httpx.Client, probe: str, op: str, args: dict, wait: float = 20) -> httpx.Response:
+    return http.post(f"/api/probes/{probe}/commands", json={"op": op, "args": args, "wait": wait})
+
+
+def test_reads_run_at_once_and_writes_are_refused_on_a_read_only_probe(server, user, project, tmp_path):
+    device, token = device_services.device_create(owner=user, name="ro", kind="probe", ephemeral=True)
+    probe = start_probe(server, device, token, project, tmp_path)
+    http = agent(server, user)
+    try:
+        listed = http.get("/api/probes/").json()
+        assert [(p["name"], p["online"], p["modes"]) for p in listed] == [("ro", True, [])]
+        assert listed[0]["roots"] == [str(project.resolve())]
+
+        read = command(http, "ro", "read", {"path": str(project / "hello.py"), "offset": 2, "limit": 1})
+        assert read.status_code == 200, read.text
+        assert read.json()["state"] == "done"
+        assert read.json()["result"]["lines"] == [[2, "    return 'hi'"]]
+
+        sibling = command(http, "ro", "read", {"path": str(project.parent / "proj2" / "secret.txt")})
+        assert sibling.json()["state"] == "failed"
+        assert sibling.json()["error"]["code"] == "outside_allowed_roots"
+
+        write = command(http, "ro", "write", {"path": str(project / "new.txt"), "content": "x\n"})
+        assert write.status_code == 200
+        assert write.json()["state"] == "failed" and write.json()["error"]["code"] == "not_permitted"
+        run = command(http, "ro", "run", {"argv": ["touch", str(project / "ran")]})
+        assert run.json()["error"]["code"] == "not_permitted"
+        assert http.get("/api/probes/approvals").json() == []
+        assert not (project / "new.txt").exists() and not (project / "ran").exists()
+    finally:
+        http.close()
+        probe.stop()
+
+
+def test_writes_and_commands_wait_for_approval_and_run_once(server, user, project, tmp_path):
+    device, token = device_services.device_create(owner=user, name="rw", kind="probe", ephemeral=True)
+    probe = start_probe(server, device, token, project, tmp_path, "--write", "--exec")
+    http = agent(server, user)
+    target = project / "hello.py"
+    try:
+        assert http.get("/api/probes/rw").json()["modes"] == ["exec", "write"]
+        write = command(http, "rw", "write", {"path": str(target), "content": "def hello():\n    return 'hey'\n"})
+        assert write.status_code == 202, write.text
+        write_id = write.json()["id"]
+        preview = wait_until(lambda: http.get(f"/api/probes/commands/{write_id}").json().get("preview"), 20)
+        assert "-    return 'hi'" in preview and "+    return 'hey'" in preview
+        assert "hi" in target.read_text()  # nothing written before the approval
+
+        approved = http.post(f"/api/probes/commands/{write_id}/approve", json={"wait": 20})
+        assert approved.status_code == 200, approved.text
+        assert approved.json()["state"] == "done"
+        assert target.read_text() == "def hello():\n    return 'hey'\n"
+        assert http.post(f"/api/probes/commands/{write_id}/approve", json={}).status_code == 409
+
+        skipped = command(http, "rw", "run", {"argv": ["touch", str(project / "skipped")]})
+        assert skipped.status_code == 202
+        assert http.post(f"/api/probes/commands/{skipped.json()['id']}/reject").json()["state"] == "rejected"
+
+        run = command(http, "rw", "run", {"argv": ["sh", "-c", "echo ran >> log.txt; cat log.txt"],
+                                          "cwd": str(project)})
+        run_id = run.json()["id"]
+        done = http.post(f"/api/probes/commands/{run_id}/approve", json={"wait": 20}).json()
+        assert done["state"] == "done", done
+        assert done["result"]["exit_code"] == 0 and done["result"]["stdout"] == "ran\n"
+        assert http.post(f"/api/probes/commands/{run_id}/approve", json={}).status_code == 409
+        assert (project / "log.txt").read_text() == "ran\n"  # ran exactly once
+        assert not (project / "skipped").exists()
+    finally:
+        http.close()
+        probe.stop()
+
+
+def test_a_probe_that_went_away_fails_commands_with_device_offline(server, user, project, tmp_path):
+    device, token = device_services.device_create(owner=user, name="gone", kind="probe", ephemeral=True)
+    probe = start_probe(server, device, token, project, tmp_path, "--exec")
+    http = agent(server, user)
+    try:
+        pending = command(http, "gone", "run", {"argv": ["touch", str(project / "late")]}).json()
+        probe.stop()
+        wait_until(lambda: not Device.objects.get(pk=device.pk).is_online, 20, message="probe offline")
+        late = http.post(f"/api/probes/commands/{pending['id']}/approve", json={"wait": 20}).json()
+        assert late["state"] == "failed" and late["error"]["code"] in ("device_offline", "not_found"), late
+        read = command(http, str(device.pk), "ping", {})
+        # An ephemeral probe's token died with its connection: it is gone from the router, or offline.
+        assert read.status_code == 404 or read.json()["error"]["code"] == "device_offline"
+        assert not (project / "late").exists()
+    finally:
+        http.close()
+        probe.stop()
