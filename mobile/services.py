@@ -28,7 +28,7 @@ from ai1net.exceptions import (
     NotFound,
     ValidationFailed,
 )
-from devices.models import Device
+from devices.models import Device, OutboxItem
 from devices.services import outbox_enqueue
 from im import services as im_services
 from im.models import Message, Panel, Room
@@ -188,6 +188,8 @@ def session_end(*, device: Device, session_id: str, reason: str = "") -> dict:
             question.refresh_from_db()
             question.session = session
             _panel_follow(question)
+            outbox_enqueue(device=device, kind=OUTBOX_QUESTION_CLOSED,
+                           payload={"question_id": str(question.pk), "state": question.state})
             events.question_updated(question, owner_id=device.owner_id)
         if ended:
             im_services.room_close(room=session.room)
@@ -472,6 +474,8 @@ def question_expire(*, question: Question) -> bool:
         if done:
             question.refresh_from_db()
             _panel_follow(question)
+            outbox_enqueue(device=question.device, kind=OUTBOX_QUESTION_CLOSED,
+                           payload={"question_id": str(question.pk), "state": question.state})
             events.question_updated(question, owner_id=question.device.owner_id)
     return bool(done)
 
@@ -532,6 +536,12 @@ def keep_going_set(*, actor: Any, session_id: str, enabled: bool, ip: str | None
 # --- the switch --------------------------------------------------------------------------------
 
 
+def _last_switch_sent(device: Device) -> bool | None:
+    last = OutboxItem.objects.filter(device=device, kind=OUTBOX_SWITCH).order_by("-seq").values_list(
+        "payload", flat=True).first()
+    return last.get("enabled") if isinstance(last, dict) else None
+
+
 def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
     """Tell the user's bridges (or ``devices``) the effective switch; when it is off, waiting questions
     move to the desktop at once (the hooks stop waiting when the bridge hears it)."""
@@ -540,6 +550,8 @@ def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
         Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE))
     with transaction.atomic():
         for device in bridges:
+            if devices is not None and _last_switch_sent(device) == enabled:
+                continue  # a reconnecting bridge already holds this value (its outbox is durable)
             outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
         if not enabled and devices is None:
             waiting = list(Question.objects.select_related("session", "device").filter(

@@ -87,6 +87,8 @@ def test_expired_is_410(phone, bridge):
     assert response.status_code == 410 and response.json()["error"] == "expired"
     assert Question.objects.get(pk=question.pk).state == "expired"
     assert outbox(bridge, "mobile.answer") == []
+    assert [i.payload for i in outbox(bridge, "mobile.question_closed")] == [
+        {"question_id": str(question.pk), "state": "expired"}]
 
 
 def test_expired_questions_leave_pending_lazily(phone, bridge):
@@ -143,6 +145,8 @@ def test_session_ended_is_410_session_ended(phone, bridge):
     question, nonce = ask(bridge)
     services.session_end(device=bridge, session_id="sess-1", reason="prompt_input_exit")
     assert Question.objects.get(pk=question.pk).state == "cancelled"
+    assert [i.payload for i in outbox(bridge, "mobile.question_closed")] == [
+        {"question_id": str(question.pk), "state": "cancelled"}]
     response = answer(phone, question, nonce)
     assert response.status_code == 410 and response.json()["error"] == "session_ended"
     assert question.room.__class__.objects.get(pk=question.room_id).state == "closed"

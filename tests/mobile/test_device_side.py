@@ -201,3 +201,14 @@ def test_phone_page_renders_for_a_user_with_mobile_reply(phone):
     assert response.status_code == 200
     html = response.content.decode()
     assert "mobile.js" in html and 'data-testid="sessions"' in html
+
+
+def test_a_reconnecting_bridge_is_not_told_twice(bridge, mobile_user):
+    for _ in range(3):
+        device_connected.send(sender=type(bridge), device=bridge, hello={})
+    assert [item.payload for item in outbox(bridge, "mobile.switch")] == [{"enabled": True}]
+    mobile_user.mobile_reply_enabled = False
+    mobile_user.save()
+    bridge.owner.refresh_from_db()
+    device_connected.send(sender=type(bridge), device=bridge, hello={})
+    assert [item.payload for item in outbox(bridge, "mobile.switch")] == [{"enabled": True}, {"enabled": False}]
