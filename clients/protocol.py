@@ -144,3 +144,59 @@ def is_response(message: Message) -> bool:
 
 def _dump(message: Message) -> str:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- device web: HTTP and WebSocket streams through the tunnel ----------------------------------
+# /d/<device>/<port>/<path> on the platform reaches 127.0.0.1:<port> on a bridge that declared the port
+# in hello. Every stream frame is a notification whose params carry "stream" (a random id the platform
+# picks); names and values of headers are [[name, value], ...] latin-1 strings.
+#   platform -> device  web.open    {stream, port, method, path, query, headers, body: bool}
+#   device -> platform  web.response {stream, status, reason, headers}
+#   both ways           web.data    {stream, seq, data: base64}   seq counts 0, 1, 2 ... per direction
+#                       web.end     {stream}                        the body is complete
+#                       web.reset   {stream, reason, detail}        abort the stream (see WEB_RESET_* below)
+#                       web.credit  {stream, bytes}                 the receiver consumed this much
+#   WebSocket: platform -> device web.ws_open {stream, port, path, query, headers, subprotocols};
+#   device -> platform web.ws_accept {stream, subprotocol}; both ways web.ws_frame {stream, seq, text}
+#   or {stream, seq, data: base64} and web.ws_close {stream, code, reason}.
+# Flow control: each side may have at most WEB_WINDOW_BYTES of a stream's data in flight; a frame
+# costs web_frame_cost(len(payload)) and the receiver returns credit as it hands data on. A slow
+# reader therefore stalls only its own stream, and no stream has more than WEB_WINDOW_BYTES /
+# WEB_MIN_FRAME_COST frames queued anywhere (the channel layer drops or refuses past its capacity).
+WEB_OPEN = "web.open"
+WEB_RESPONSE = "web.response"
+WEB_DATA = "web.data"
+WEB_END = "web.end"
+WEB_RESET = "web.reset"
+WEB_CREDIT = "web.credit"
+WEB_WS_OPEN = "web.ws_open"
+WEB_WS_ACCEPT = "web.ws_accept"
+WEB_WS_FRAME = "web.ws_frame"
+WEB_WS_CLOSE = "web.ws_close"
+
+WEB_PORT_MIN = 20000
+WEB_PORT_MAX = 20999
+WEB_CHUNK_BYTES = 64 * 1024  # raw bytes per web.data (base64 makes the frame ~88 KB)
+WEB_WINDOW_BYTES = 1024 * 1024
+WEB_MIN_FRAME_COST = 16 * 1024  # so a stream of tiny frames (SSE) has at most 64 in flight
+WEB_WS_MAX_MESSAGE = 1024 * 1024  # larger WebSocket messages close the socket with 1009
+WEB_MAX_HEAD_BYTES = 64 * 1024  # request or response line + headers
+WEB_MAX_HEADERS = 100
+
+# web.reset reasons (the platform shows them on a plain page when the response had not started)
+WEB_RESET_PORT_NOT_EXPOSED = "port_not_exposed"  # the device does not serve this port
+WEB_RESET_UNREACHABLE = "upstream_unreachable"  # nothing listens on 127.0.0.1:<port>
+WEB_RESET_UPSTREAM_ERROR = "upstream_error"  # the local server broke the HTTP protocol or the connection
+WEB_RESET_BAD_REQUEST = "bad_request"  # a malformed web.open
+WEB_RESET_FLOW = "flow_control"  # more data than credit, or a seq gap (a frame was lost)
+WEB_RESET_TIMEOUT = "timeout"
+WEB_RESET_CANCELLED = "cancelled"  # the browser went away
+
+
+def web_port_allowed(port: Any) -> bool:
+    return isinstance(port, int) and not isinstance(port, bool) and WEB_PORT_MIN <= port <= WEB_PORT_MAX
+
+
+def web_frame_cost(size: int) -> int:
+    """Credit one data or WebSocket frame of ``size`` payload bytes uses (same rule on both sides)."""
+    return max(int(size), WEB_MIN_FRAME_COST)

@@ -29,6 +29,7 @@ ACK_EVERY = 100  # while items keep arriving, ack at least this often (one ack c
 
 DeliverHandler = Callable[[int, str, Dict[str, Any]], Awaitable[None]]
 RequestHandler = Callable[[str, Dict[str, Any]], Awaitable[Optional[Dict[str, Any]]]]
+NotificationHandler = Callable[[str, Dict[str, Any]], None]  # sync: must not block the reader
 
 
 class FinalCloseError(Exception):
@@ -107,6 +108,7 @@ class Tunnel:
         applied_seq: Callable[[], int],
         on_deliver: DeliverHandler,
         on_request: Optional[RequestHandler] = None,
+        on_notification: Optional[NotificationHandler] = None,
         heartbeat_sec: Optional[float] = None,
         backoff_base: Optional[float] = None,
         backoff_cap: Optional[float] = None,
@@ -119,6 +121,7 @@ class Tunnel:
         self.applied_seq = applied_seq
         self.on_deliver = on_deliver
         self.on_request = on_request
+        self.on_notification = on_notification  # other platform notifications (device web streams)
         self.heartbeat_sec = heartbeat_sec  # overrides the platform's heartbeatSec when set
         if backoff_base is None:
             backoff_base = _env_float("AI1NET_BACKOFF_BASE", BACKOFF_BASE)
@@ -194,6 +197,18 @@ class Tunnel:
         finally:
             self._waiters.pop(request_id, None)
             self._pending_calls.pop(request_id, None)
+
+    async def notify(self, method: str, params: Dict[str, Any], *, generation: Optional[int] = None) -> bool:
+        """Send a notification now; False when there is no live connection (or it is no longer the
+        ``generation``-th one: a stream's frames must not leak into the next connection)."""
+        ws = self._ws
+        if ws is None or not self.connected.is_set() or (generation is not None and generation != self.connections):
+            return False
+        try:
+            await ws.send(protocol.notification(method, params))
+        except ConnectionClosed:
+            return False
+        return True
 
     # --- one connection --------------------------------------------------------------------
     async def _connect_once(self) -> Tuple[bool, Optional[int]]:
@@ -322,7 +337,13 @@ class Tunnel:
                 return
             deliveries.put_nowait((seq, kind, payload if isinstance(payload, dict) else {"value": payload}))
         elif method != protocol.HEARTBEAT:
-            log.debug("ignoring notification %s", method)
+            if self.on_notification is None:
+                log.debug("ignoring notification %s", method)
+                return
+            try:
+                self.on_notification(method, params)
+            except Exception:
+                log.exception("handling notification %s failed", method)
 
     async def _deliverer(self, ws: Any, deliveries: asyncio.Queue) -> None:
         unacked: Optional[int] = None
