@@ -20,7 +20,9 @@ read_tree {path, depth=3, max_entries=1000, gitignore=true}
         outside?}], count, truncated}   (entry paths relative to `path`; links shown, never followed)
 grep {pattern, path=<first root>, glob?, ignore_case=false, max_results=200, engine=auto|rg|python}
     -> {path, pattern, engine, matches: [{path, line, text}], files, truncated}
-       hidden files, .gitignore'd files, binary files, links and files over 10 MiB are skipped.
+       hidden files, .gitignore'd files (from `path` down), binary files (a NUL byte), links and
+       files over 10 MiB are skipped; `glob` is a gitignore-style pattern on the path below `path`
+       ("*.py", "src/**", "!*.md"). Hits are sorted by path, then line; both engines agree.
 stat {path} -> {path, type, size, mode, mtime, is_symlink, target?, broken?, outside?}
 git_diff {path=<first root>, rev?, staged=false, max_bytes} -> {path, diff, truncated}
 git_log {path=<first root>, rev?, limit=20, offset=0} -> {path, commits: [{hash, author, email, date,
@@ -440,6 +442,7 @@ def _grep_rg(
     # the Python engine applies it, so both engines answer alike.
     matcher = ignore.Glob(glob) if glob is not None else None
     cwd, target = (real, ".") if os.path.isdir(real) else os.path.split(real)
+    before = _place(conf, cwd)
     argv += ["--regexp", pattern, "--", target]
     proc = subprocess.Popen(
         argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_base_env(cwd)
@@ -475,6 +478,7 @@ def _grep_rg(
         proc.stdout.close()
         code = proc.wait()
         drain.join(5)
+    _same_place(conf, cwd, before)
     if time.monotonic() > deadline and not truncated:
         raise ProbeError("timeout", "grep took too long; narrow the path or the pattern")
     if code == 2 and not hits:
@@ -482,6 +486,25 @@ def _grep_rg(
         if "regex" in message.lower():
             raise ProbeError("invalid_argument", f"grep: bad pattern: {message.strip()[:500]}")
     return hits, truncated
+
+
+def _place(conf: Confinement, directory: str) -> Tuple[int, int]:
+    fd, _ = conf.open_dir(directory)
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return info.st_dev, info.st_ino
+
+
+def _same_place(conf: Confinement, directory: str, before: Tuple[int, int]) -> None:
+    """rg walks by path: if the directory was swapped for a link meanwhile, its hits are not shown."""
+    try:
+        now = os.lstat(directory)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != before or not st_mod.S_ISDIR(now.st_mode):
+        raise ProbeError("outside_allowed_roots", "the path is outside the allowed directories (it changed)")
 
 
 def _rg_text(value: Dict[str, str]) -> str:

@@ -134,3 +134,25 @@ def test_grep_over_20000_files(readonly, world):
         assert [m["text"] for m in out["matches"]] == [f"# NEEDLE {i}" for i in range(7, 20_000, 1000)]
     assert timings["python"] < 60, timings
     print("grep over 20,000 files:", {k: f"{v:.2f}s" for k, v in timings.items()})
+
+
+@needs_rg
+def test_a_directory_swapped_while_rg_runs_shows_no_hits(readonly, world, monkeypatch):
+    from clients.probe import ops
+
+    root = world["root"]
+    (root / "data").mkdir()
+    (root / "data" / "in.txt").write_text("needle inside\n")
+    (world["outside"] / "out.txt").write_text("needle outside\n")
+    real_place = ops._place
+
+    def place_then_swap(conf, directory):
+        answer = real_place(conf, directory)
+        os.rename(root / "data", world["tmp"] / "data-moved")
+        os.symlink(world["outside"], root / "data")
+        return answer
+
+    monkeypatch.setattr(ops, "_place", place_then_swap)
+    with pytest.raises(ProbeError) as info:
+        readonly.call("grep", {"pattern": "needle", "path": "data", "engine": "rg"})
+    assert info.value.code == "outside_allowed_roots"
