@@ -70,12 +70,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pair.set_defaults(func=cmd_pair)
 
     run = subparsers.add_parser("run", help="connect to the platform and serve (the daemon)")
+    run.add_argument("--expose", type=_web_port, action="append", default=[], metavar="PORT",
+                     help="let your browser reach http://127.0.0.1:PORT on this machine through the platform "
+                          "(device web; 20000-20999; repeatable)")
     add_home_argument(run)
     run.set_defaults(func=cmd_run)
 
     status = subparsers.add_parser("status", help="show the pairing and whether the daemon runs")
     add_home_argument(status)
     status.set_defaults(func=cmd_status)
+
+
+def _web_port(text: str) -> int:
+    from clients import protocol
+
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not protocol.web_port_allowed(port):
+        raise argparse.ArgumentTypeError(
+            f"{port} is outside {protocol.WEB_PORT_MIN}-{protocol.WEB_PORT_MAX}, the ports device web may expose")
+    return port
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -145,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"ai1net-bridge: a bridge is already running on {home}", file=sys.stderr)
         return 1
     try:
-        return asyncio.run(BridgeDaemon(home, cred).run())
+        return asyncio.run(BridgeDaemon(home, cred, expose=args.expose).run())
     finally:
         lock.release()
 

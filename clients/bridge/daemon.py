@@ -33,14 +33,16 @@ log = logging.getLogger("ai1net.bridge")
 INBOX_FILE = "bridge.sqlite3"
 PID_FILE = "bridge.pid"
 EXIT_FINAL = 3  # the platform refused this device for good (revoked / unknown token)
-EXTENSIONS = ("clients.bridge.mobile",)  # optional daemon parts, imported if present
+EXTENSIONS = ("clients.bridge.mobile", "clients.bridge.web")  # optional daemon parts, imported if present
 
 KindHandler = Callable[["BridgeDaemon", int, Dict[str, Any]], Awaitable[None]]
 MethodHandler = Callable[["BridgeDaemon", Dict[str, Any]], Awaitable[Optional[Dict[str, Any]]]]
 StartupHook = Callable[["BridgeDaemon"], Awaitable[None]]
+NotificationHandler = Callable[["BridgeDaemon", Dict[str, Any]], None]
 
 _kind_handlers: Dict[str, KindHandler] = {}
 _method_handlers: Dict[str, MethodHandler] = {}
+_notification_handlers: Dict[str, NotificationHandler] = {}
 _startup_hooks: List[StartupHook] = []
 _capabilities: List[str] = []
 
@@ -55,6 +57,12 @@ def register_kind(kind: str, handler: KindHandler) -> None:
 def register_method(name: str, handler: MethodHandler) -> None:
     """``await handler(daemon, params) -> dict`` answers the platform's JSON-RPC request ``name``."""
     _method_handlers[name] = handler
+
+
+def register_notification(name: str, handler: NotificationHandler) -> None:
+    """``handler(daemon, params)`` for the platform's notification ``name`` (sync: it must not block
+    the tunnel's reader; start a task for real work)."""
+    _notification_handlers[name] = handler
 
 
 def on_startup(hook: StartupHook) -> None:
@@ -222,8 +230,10 @@ def _try_lock(handle: Any, *, exclusive: bool) -> bool:
 
 
 class BridgeDaemon:
-    def __init__(self, home: Path, credential: Credential, *, err: TextIO = sys.stderr) -> None:
+    def __init__(self, home: Path, credential: Credential, *, err: TextIO = sys.stderr,
+                 expose: Optional[List[int]] = None) -> None:
         self.home = Path(home)
+        self.expose = sorted(set(expose or []))  # device web: local ports the platform may reach
         self.credential = credential
         self.err = err
         self.inbox: Optional[Inbox] = None
@@ -254,12 +264,13 @@ class BridgeDaemon:
                 "kind": "bridge",
                 "version": __version__,
                 "capabilities": list(_capabilities),
-                "ports": [],
+                "ports": list(self.expose),
                 "roots": [],
             },
             applied_seq=self.inbox.applied_seq,
             on_deliver=self._on_deliver,
             on_request=self._on_request,
+            on_notification=self._on_notification,
             user_agent=f"ai1net-bridge/{__version__}",
         )
         loop = asyncio.get_running_loop()
@@ -303,6 +314,11 @@ class BridgeDaemon:
                 log.exception("handling %s #%s failed", kind, seq)
                 error = f"{type(exc).__name__}: {exc}"
         self.inbox.mark_handled(seq, error)
+
+    def _on_notification(self, method: str, params: Dict[str, Any]) -> None:
+        handler = _notification_handlers.get(method)
+        if handler is not None:
+            handler(self, params)
 
     async def _on_request(self, method: str, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         handler = _method_handlers.get(method)
