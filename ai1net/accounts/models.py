@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from django_otp.models import Device
 
 
@@ -11,6 +12,16 @@ class User(AbstractUser):
 
     mobile_reply_enabled = models.BooleanField(default=False)
     device_web_enabled = models.BooleanField(default=False)
+    # Bumped when two-factor is set up or removed: every other session of the user ends, as on a
+    # password change (a session opened before enrolment must not outlive it unverified).
+    otp_epoch = models.PositiveIntegerField(default=0, editable=False)
+
+    def _get_session_auth_hash(self, secret: str | None = None) -> str:
+        if not self.otp_epoch:
+            return super()._get_session_auth_hash(secret=secret)
+        key_salt = "ai1net.accounts.User.get_session_auth_hash"
+        return salted_hmac(key_salt, f"{self.password}:{self.otp_epoch}", secret=secret,
+                           algorithm="sha256").hexdigest()
 
 
 class ApiToken(models.Model):

@@ -10,6 +10,7 @@ from base64 import b32encode
 from typing import Any, Literal
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
@@ -163,10 +164,17 @@ def totp_enrolment_confirm(*, user: User, token: str, ip: str | None = None) -> 
                                    code="bad_code")
         device.confirmed = True
         device.save(update_fields=["confirmed"])
+        _otp_epoch_bump(user)
         codes = _backup_codes_replace(user=user)
         audit_record(actor=user, subject=user, action="accounts.otp.enrolled", data={"device": device.persistent_id},
                      ip=ip)
     return device, codes
+
+
+def _otp_epoch_bump(user: User) -> None:
+    """Ends the user's other sessions (see ``User.otp_epoch``); the caller re-keys the current one."""
+    User.objects.filter(pk=user.pk).update(otp_epoch=F("otp_epoch") + 1)
+    user.otp_epoch = User.objects.values_list("otp_epoch", flat=True).get(pk=user.pk)
 
 
 def otp_remove(*, user: User, ip: str | None = None) -> None:
@@ -175,6 +183,7 @@ def otp_remove(*, user: User, ip: str | None = None) -> None:
         for device in BackupCodeDevice.objects.filter(user=user):
             device.codes.all().delete()
         BackupCodeDevice.objects.filter(user=user).delete()
+        _otp_epoch_bump(user)
         audit_record(actor=user, subject=user, action="accounts.otp.removed", data={}, ip=ip)
 
 

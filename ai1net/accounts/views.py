@@ -9,7 +9,7 @@ import qrcode
 import qrcode.image.svg
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import authenticate
+from django.contrib.auth import authenticate, update_session_auth_hash
 from django.contrib.auth import login as auth_login
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -224,6 +224,7 @@ def otp_confirm(request: HttpRequest) -> HttpResponse:
                                                         ip=client_ip(request))
     except ApplicationError as exc:
         return _fail(request, exc)
+    update_session_auth_hash(request, request.user)  # other sessions end; this one stays
     otp_login(request, device)  # the code just proved possession: this session is verified
     messages.success(request, "Two-factor is on. Keep the backup codes somewhere safe: they are shown once.")
     return render(request, "accounts/account.html", _account_context(request, new_backup_codes=codes))
@@ -242,6 +243,7 @@ def otp_remove(request: HttpRequest) -> HttpResponse:
     if (refusal := _require_verified(request)) is not None:
         return refusal
     services.otp_remove(user=request.user, ip=client_ip(request))
+    update_session_auth_hash(request, request.user)
     messages.success(request, "Two-factor removed.")
     return redirect("accounts:account")
 

@@ -108,3 +108,23 @@ def test_someone_elses_token_is_404(api, other_user):
     assert api.post(f"/accounts/tokens/{token.pk}/revoke/").status_code == 404
     token.refresh_from_db()
     assert token.revoked_at is None
+
+
+def test_enrolment_and_removal_end_other_sessions(client, api, user):
+    from django.test import Client
+
+    other = Client()
+    other.force_login(user)
+    assert other.get("/accounts/").status_code == 200
+    _, device = _enrol(api)
+    api.post("/accounts/two-factor/confirm/", {"code": totp_code(device)})
+    assert other.get("/accounts/").status_code == 302, "a session from before enrolment must end"
+    assert api.get("/accounts/").status_code == 200, "the enrolling session stays"
+
+    user.refresh_from_db()
+    third = Client()
+    third.force_login(user)
+    assert third.get("/accounts/").status_code == 200
+    assert api.post("/accounts/two-factor/remove/").status_code == 302
+    assert third.get("/accounts/").status_code == 302
+    assert api.get("/accounts/").status_code == 200
