@@ -9,10 +9,8 @@ class ProbesConfig(AppConfig):
     name = "probes"
 
     def ready(self) -> None:
-        try:
-            from devices.signals import device_disconnected
-        except ImportError:  # the devices app has not grown its signals yet
-            return
+        from devices.signals import device_disconnected
+
         device_disconnected.connect(_fail_in_flight, dispatch_uid="probes.fail_in_flight")
 
 

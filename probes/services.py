@@ -41,6 +41,9 @@ MAX_CALL_TIMEOUT_SEC = float(getattr(settings, "PROBES_MAX_CALL_TIMEOUT_SEC", 15
 ROOM_RESULT_CHARS = 16_000  # what a room message carries of a result; the full result stays in the row
 PREVIEW_CHARS = 200_000
 NOT_FOUND_CODES = frozenset({"not_found", "file_not_found", "no_such_file", "ENOENT"})
+PROBE_REFUSALS = frozenset({"outside_allowed_roots", "not_permitted"})  # the probe's own refusals, audited
+LOST_AFTER_APPROVAL = timedelta(minutes=5)  # approved but never sent (the process died in between)
+RUN_DEFAULT_TIMEOUT_SEC = 60  # the probe's default for `run`
 
 
 # --- seams to the other apps (imported late: tests replace them, and the apps import each other) ---
@@ -174,6 +177,8 @@ def command_send(*, command_id: Any) -> ProbeCommand | None:
         result = device_call(device=command.device, method=f"probe.{command.op}", params=command.args,
                              timeout=_call_timeout(command))
     except ApplicationError as exc:
+        if exc.code in PROBE_REFUSALS:  # recorded before anyone can see the outcome
+            _audit(command, actor=command.owner, action="probe.command.refused", code=exc.code)
         _finish(command, state=State.FAILED, error={"code": exc.code, "detail": exc.detail})
     except Exception:
         logger.exception("probe command %s failed", command.pk)
@@ -225,9 +230,14 @@ def commands_expire(*, now: Any = None) -> int:
             ):
                 count += 1
                 _audit(command, actor=command.owner, action="probe.command.expired")
+    lost = {"code": "lost", "detail": "No answer from the probe was recorded."}
     lost_before = now - timedelta(seconds=MAX_CALL_TIMEOUT_SEC + 60)
     count += ProbeCommand.objects.filter(state=State.SENT, sent_at__lt=lost_before).update(
-        state=State.FAILED, finished_at=now, error={"code": "lost", "detail": "No answer from the probe was recorded."}
+        state=State.FAILED, finished_at=now, error=lost
+    )
+    # Never sent late: an approval is for now, not for whenever a crashed process comes back.
+    count += ProbeCommand.objects.filter(state=State.APPROVED, approved_at__lt=now - LOST_AFTER_APPROVAL).update(
+        state=State.FAILED, finished_at=now, error={"code": "lost", "detail": "The platform did not send it in time."}
     )
     if count:
         _notify_finished()
@@ -317,8 +327,8 @@ def background_join(timeout: float = 10.0) -> bool:
 
 
 def _call_timeout(command: ProbeCommand) -> float:
-    timeout = command.args.get("timeout")
-    if command.op == "run" and isinstance(timeout, (int, float)):
+    if command.op == "run":  # the probe's own timeout ends the process; leave room for its answer
+        timeout = command.args.get("timeout", RUN_DEFAULT_TIMEOUT_SEC)
         return min(MAX_CALL_TIMEOUT_SEC, float(timeout) + 15)
     return CALL_TIMEOUT_SEC
 

@@ -99,6 +99,9 @@ def test_a_path_outside_the_allow_list_ends_failed_with_the_probes_code(api, pro
     assert body["state"] == "failed"
     assert body["error"] == {"code": "outside_allowed_roots", "detail": "/etc/passwd is outside the allowed roots."}
     assert "result" not in body
+    entry = AuditEntry.objects.get()
+    assert entry.action == "probe.command.refused" and entry.data["code"] == "outside_allowed_roots"
+    assert entry.data["command"] == body["id"]
 
 
 def test_an_offline_probe_fails_with_device_offline(api, probe, fake_probe):

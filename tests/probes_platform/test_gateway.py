@@ -81,3 +81,21 @@ def test_results_and_decisions_are_posted_into_the_probes_studio_room(api, user,
     assert texts[2] == "✘ skipped by alice: run make"
     detail = api.get(f"/api/probes/{writable_probe.pk}").json()
     assert detail["room_id"] == str(room.pk)
+
+
+def test_stale_commands_are_swept_and_never_sent_late(user, writable_probe, fake_probe):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    stuck = approved_command(user, writable_probe)
+    waiting = services.command_create(user=user, device=writable_probe, op="run", args={"argv": ["ls"]})
+    fresh = services.command_create(user=user, device=writable_probe, op="run", args={"argv": ["pwd"]})
+    ProbeCommand.objects.filter(pk=stuck.pk).update(approved_at=timezone.now() - timedelta(minutes=6))
+    ProbeCommand.objects.filter(pk=waiting.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert services.commands_expire() == 2
+    assert ProbeCommand.objects.get(pk=stuck.pk).error["code"] == "lost"
+    assert ProbeCommand.objects.get(pk=waiting.pk).state == "expired"
+    assert ProbeCommand.objects.get(pk=fresh.pk).state == "awaiting_approval"
+    assert services.command_send(command_id=stuck.pk) is None
+    assert fake_probe.calls == []
