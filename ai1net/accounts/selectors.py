@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
+from django_otp import DEVICE_ID_SESSION_KEY
+from django_otp.models import Device
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from ai1net.accounts.models import AuditEntry, BackupCodeDevice, User
@@ -74,3 +77,18 @@ def audit_chain_verify() -> tuple[int, AuditBreak | None]:
         prev = entry.hash
         checked += 1
     return checked, None
+
+
+def otp_session_ok(user: User, session: Any) -> bool:
+    """For code OTPMiddleware does not cover (WebSocket consumers: ``scope["user"]``, ``scope["session"]``).
+
+    True when the user has no two-factor, or this session was verified with one of the user's devices.
+    Synchronous (ORM): call it through ``database_sync_to_async`` from a consumer.
+    """
+    if not getattr(user, "is_authenticated", False):
+        return False
+    if not user_needs_otp(user):
+        return True
+    persistent_id = session.get(DEVICE_ID_SESSION_KEY) if session is not None else None
+    device = Device.from_persistent_id(persistent_id) if persistent_id else None
+    return device is not None and device.user_id == user.pk

@@ -140,3 +140,19 @@ def test_inactive_user_cannot_log_in(client, user, password):
     get_user_model().objects.filter(pk=user.pk).update(is_active=False)
     assert password_step(client, "alice", password).status_code == 200
     assert logged_in_user_id(client) is None
+
+
+def test_otp_session_ok_for_websocket_code(client, user, password):
+    from importlib import import_module
+
+    from django.conf import settings
+
+    from ai1net.accounts.selectors import otp_session_ok
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    assert otp_session_ok(user, store()) is True, "no two-factor: a plain login is enough"
+    device = totp_device(user)
+    assert otp_session_ok(user, store()) is False
+    password_step(client, "alice", password)
+    code_step(client, totp_code(device))
+    assert otp_session_ok(user, store(session_key=client.session.session_key)) is True
