@@ -300,7 +300,10 @@ def test_redis_idle_tunnel_gets_its_next_item_and_a_5000_burst_arrives(tmp_path,
         assert time.monotonic() - started < 5  # the doorbell, not the 20 s heartbeat poll
         assert bridge.log().count("tunnel up") == 1  # the same connection all along
 
-        enqueue(device, range(3, 5003))
+        # 5,000 items in 50 commits of 100: 50 doorbells for one receiver, far past what the layer would
+        # queue for it; nothing may be lost. (One commit per item costs ~25 ms each from a sync caller.)
+        for start in range(3, 5003, 100):
+            services.outbox_enqueue_many(device=device, items=[("test.item", {"n": n}) for n in range(start, start + 100)])
         wait_until(lambda: bridge.count() == 5002, timeout=60, message="the burst of 5,000")
         bridge.check_exactly_once_in_order(5002)
         assert bridge.log().count("tunnel up") == 1
