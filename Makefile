@@ -31,4 +31,4 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .test-db.sqlite3* static/downloads
+	rm -rf $(VENV) .test-db* static/downloads

@@ -50,6 +50,10 @@ if PUBLIC_URL:
 # Operators' emergency stops: when off, they override every user's own switch.
 MOBILE_REPLY_ENABLED = env_bool("AI1NET_MOBILE_REPLY", True)
 DEVICE_WEB_ENABLED = env_bool("AI1NET_DEVICE_WEB", True)
+# Probes: how long a write/command waits for its approval; whether an agent's API token may approve
+# (off: approvals come from a person's session, in Studio or on the phone).
+PROBES_APPROVAL_TTL_SEC = int(os.environ.get("AI1NET_PROBES_APPROVAL_TTL_SEC", "900"))
+PROBES_TOKEN_APPROVALS = env_bool("AI1NET_PROBES_TOKEN_APPROVALS", False)
 
 # Device tunnel and pairing (devices app). Tests and the end-to-end runs lower these.
 DEVICE_HEARTBEAT_SEC = float(os.environ.get("AI1NET_HEARTBEAT_SEC", "20"))
@@ -116,11 +120,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
-    DATABASES["default"].setdefault("TEST", {})
-    # A file, not :memory:, so the real processes that end-to-end tests start can share it.
-    DATABASES["default"]["TEST"]["NAME"] = os.environ.get(
-        "AI1NET_TEST_SQLITE", str(BASE_DIR / ".test-db.sqlite3")
-    )
+    # A file, not :memory:, so the real processes that end-to-end tests start can share it;
+    # one per test run (pid), so runs side by side never share a database.
+    DATABASES["default"]["TEST"] = {
+        "NAME": os.environ.get("AI1NET_TEST_SQLITE", str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3"))
+    }
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- channel layer and cache -----------------------------------------------------------------
