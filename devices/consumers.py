@@ -61,6 +61,10 @@ def _bearer(scope: dict[str, Any]) -> str:
     return ""
 
 
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
 def _ephemeral_dead(device: Device) -> bool:
     if not device.ephemeral or device.channel_name or device.disconnected_at is None:
         return False
@@ -217,7 +221,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.last_sent = self.acked = self.acked_flushed = hello["ackedSeq"]
         await self.send(protocol.result(request_id, {
             "deviceId": str(device.pk),
-            "heartbeatSec": settings.DEVICE_HEARTBEAT_SEC,
+            "heartbeatSec": _number(settings.DEVICE_HEARTBEAT_SEC),
             "protocolVersion": protocol.PROTOCOL_VERSION,
             "resendFrom": hello["ackedSeq"] + 1,
         }))

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from ai1net.accounts.services import hash_secret
+from ai1net.accounts.services import audit_record, hash_secret
 from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, RateLimited, ValidationFailed
 from clients import protocol
 from devices import events
@@ -47,12 +47,7 @@ WRONG_CODE_LIMIT_ADDRESS = (30, 900)
 
 def _audit(*, actor: Any, action: str, subject: Any = None, data: dict[str, Any] | None = None,
            ip: str | None = None) -> None:
-    """Record in the platform audit log (ai1net.accounts.services.audit_record)."""
-    from ai1net.accounts import services as accounts_services
-
-    record = getattr(accounts_services, "audit_record", None)
-    if record is not None:
-        record(actor=actor, action=action, subject=subject, data=data or {}, ip=ip)
+    audit_record(actor=actor, action=action, subject=subject, data=data or {}, ip=ip)
 
 
 # --- rate limits (cache counters) -------------------------------------------------------------
@@ -420,7 +415,7 @@ async def adevice_call(*, device: Device, method: str, params: dict[str, Any], t
     if not await database_sync_to_async(_online_device)(device.pk):
         raise DeviceOffline(f"{device.name} is not connected.")
     layer = get_channel_layer()
-    reply_channel = await layer.new_channel("devcall.")
+    reply_channel = await layer.new_channel()
     call_id = f"p-{uuid.uuid4().hex}"
     await layer.group_send(
         events.device_group(device.pk),

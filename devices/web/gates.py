@@ -1,0 +1,72 @@
+"""The four gates of device web, in order, in one function used by the HTTP and WebSocket paths.
+
+1. the platform switch (``AI1NET_DEVICE_WEB``): off -> 503 ``device_web_off`` (an emergency stop, said
+   plainly, rather than pretending nothing is there);
+2. a logged-in user (OTP-verified when they have a confirmed OTP device; no session -> 401, pages
+   redirect to the login) who owns the device and has device web on (someone else's or unknown
+   device, or the user's switch off -> 404);
+3. the device active (revoked -> 403) and a desktop bridge (a probe -> 403);
+4. the device online (offline -> 503) with that port declared in its hello (else 502).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from ai1net.accounts.selectors import device_web_active
+from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
+from clients import protocol
+from devices.errors import DeviceOffline
+from devices.models import Device
+from devices.selectors import access_device
+from im.access import otp_satisfied
+
+
+class DeviceWebOff(Unavailable):
+    code = "device_web_off"
+    default_detail = "Device web is switched off on this platform for now."
+
+
+class PortNotExposed(ApplicationError):
+    code = "port_not_exposed"
+    status = 502
+    default_detail = "The device does not expose this port."
+
+
+def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = None) -> Device:
+    """The device the user may reach on ``port``, or the ApplicationError that says why not.
+
+    ``session`` is the user's session (for the OTP rule); pass None only where OTP is checked already.
+    """
+    if not settings.DEVICE_WEB_ENABLED:
+        raise DeviceWebOff()
+    if user is None or not getattr(user, "is_authenticated", False):
+        raise NotAuthenticated("Log in to reach your devices.")
+    if session is not None and not otp_satisfied(user, session):
+        raise NotAuthenticated("Enter your two-factor code first.", code="otp_required")
+    if not device_web_active(user):
+        raise NotFound("No such device.")
+    device = access_device(user=user, device_id=device_id)
+    if device.status != Device.Status.ACTIVE:
+        raise Forbidden(f"{device.name} was revoked; pair it again.", code="device_revoked")
+    if device.kind != Device.Kind.BRIDGE:
+        raise Forbidden(f"{device.name} is a probe; device web reaches desktop bridges only.", code="not_a_bridge")
+    if not device.is_online:
+        raise DeviceOffline(f"{device.name} is offline: its bridge is not connected.")
+    number = _port(port)
+    if number is None or number not in (device.ports or []):
+        raise PortNotExposed(
+            f"{device.name} does not expose port {port}. Start its bridge with "
+            f"`ai1net-bridge run --expose {port}` (ports {protocol.WEB_PORT_MIN}-{protocol.WEB_PORT_MAX})."
+        )
+    return device
+
+
+def _port(value: Any) -> int | None:
+    text = str(value)
+    if not text.isdigit() or len(text) > 5:
+        return None
+    number = int(text)
+    return number if protocol.web_port_allowed(number) else None

@@ -1,0 +1,293 @@
+"""/d/<device>/<port>/<path> over HTTP: a raw ASGI app (channels' AsyncHttpConsumer would buffer the
+whole request body before handling it).
+
+Per request: the gates (devices.web.gates), then one stream through the device's tunnel. The request
+body goes out in chunks under the device's credit, the response comes back chunk by chunk and is
+written with ``more_body=True`` as it arrives (server-sent events are not held back). A slow browser
+holds back only its own stream: credit goes back to the device only once daphne's socket buffer has
+drained (a Twisted push producer on the request, see ``Writable``).
+
+Caveat: daphne reads a request body completely (spooled to a temporary file by Twisted, then queued in
+memory for the app) before the app runs, so uploads are capped (DEVICE_WEB_MAX_REQUEST_BYTES);
+downloads are not buffered anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import logging
+import re
+from typing import Any
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from ai1net.exceptions import ApplicationError, PayloadTooLarge
+from clients import protocol
+from devices.errors import DeviceOffline, DeviceTimeout
+from devices.web import streams
+from devices.web.gates import check_device_web
+
+logger = logging.getLogger(__name__)
+
+TWISTED_REQUEST = "ai1net.twisted_request"
+_RAW_PATH = re.compile(rb"^/d/[^/]+/[^/]+")
+
+
+class Writable:
+    """A push producer registered on daphne's Twisted request: the transport pauses it when its write
+    buffer is full and resumes it when the socket drained; ``wait()`` blocks while paused."""
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.ready = asyncio.Event()
+        self.ready.set()
+        self.registered = False
+        if request is not None:
+            try:
+                request.registerProducer(self, True)
+                self.registered = True
+            except Exception:  # another server, or a producer already there: no backpressure signal
+                logger.debug("no push producer on %r", request, exc_info=True)
+
+    def pauseProducing(self) -> None:  # noqa: N802 - Twisted's IPushProducer
+        self.ready.clear()
+
+    def resumeProducing(self) -> None:  # noqa: N802
+        self.ready.set()
+
+    def stopProducing(self) -> None:  # noqa: N802 - the connection is going away
+        self.ready.set()
+
+    async def wait(self, timeout: float) -> None:
+        if not self.ready.is_set():
+            await asyncio.wait_for(self.ready.wait(), timeout)
+
+    def close(self) -> None:
+        if self.registered:
+            self.registered = False
+            try:
+                self.request.unregisterProducer()
+            except Exception:
+                logger.debug("unregistering the producer failed", exc_info=True)
+
+    def abort(self) -> None:
+        """Drop the browser's connection: a response that broke mid-way must not look complete."""
+        transport = getattr(getattr(self.request, "channel", None), "transport", None)
+        if transport is not None:
+            transport.abortConnection()
+
+
+def with_twisted_request(app: Any) -> Any:
+    """Outermost wrapper: daphne's ``send`` is ``partial(server.handle_reply, <twisted request>)``; keep
+    the request in the scope before middleware wraps ``send``."""
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        request = None
+        if isinstance(send, functools.partial) and send.args and hasattr(send.args[0], "registerProducer"):
+            request = send.args[0]
+        await app(dict(scope, **{TWISTED_REQUEST: request}), receive, send)
+
+    return wrapped
+
+
+class DeviceWebHttp:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kwargs = scope.get("url_route", {}).get("kwargs", {})
+        device_id, port = kwargs.get("device_id"), kwargs.get("port")
+        try:
+            device = await database_sync_to_async(check_device_web)(
+                scope.get("user"), device_id, port, session=scope.get("session"))
+            length = streams.header_value(scope, b"content-length")
+            if length.isdigit() and int(length) > settings.DEVICE_WEB_MAX_REQUEST_BYTES:
+                raise PayloadTooLarge(f"Request bodies through device web are capped at "
+                                      f"{settings.DEVICE_WEB_MAX_REQUEST_BYTES} bytes.")
+        except ApplicationError as exc:
+            await _respond_error(send, exc, scope)
+            return
+        if kwargs.get("rest") is None:  # /d/<device>/<port> -> /d/<device>/<port>/ so relative links work
+            location = streams.prefix_of(device_id, port) + "/"
+            if scope.get("query_string"):
+                location += "?" + scope["query_string"].decode("latin-1")
+            await send({"type": "http.response.start", "status": 308,
+                        "headers": [(b"location", location.encode("latin-1"))]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await HttpStream(scope, receive, send, device, int(port)).run()
+
+
+async def _respond_error(send: Any, exc: ApplicationError, scope: dict[str, Any]) -> None:
+    status, headers, body = streams.error_response(exc, scope)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class HttpStream:
+    def __init__(self, scope: dict[str, Any], receive: Any, send: Any, device: Any, port: int) -> None:
+        self.scope, self.receive, self.send = scope, receive, send
+        self.device, self.port = device, port
+        self.first_byte_sec = settings.DEVICE_WEB_FIRST_BYTE_SEC
+        self.idle_sec = settings.DEVICE_WEB_IDLE_SEC
+        self.credit = streams.Credit()
+        self.receipts = streams.Receipts()
+        self.started = False
+        self.finished = False
+        self.writable: Writable | None = None
+
+    async def run(self) -> None:
+        layer = get_channel_layer()
+        reply = await layer.new_channel("dweb.")
+        self.link = streams.TunnelLink(layer, self.device.channel_name, reply)
+        self.layer, self.reply = layer, reply
+        prefix = streams.prefix_of(self.device.pk, self.port)
+        raw_path = self.scope.get("raw_path") or self.scope["path"].encode("latin-1")
+        path = _RAW_PATH.sub(b"", raw_path, count=1).decode("latin-1") or "/"
+        length = streams.header_value(self.scope, b"content-length").strip()
+        has_body = bool(streams.header_value(self.scope, b"transfer-encoding")) or (length.isdigit() and int(length) > 0)
+        uploader: asyncio.Task | None = None
+        reset: str | None = protocol.WEB_RESET_CANCELLED
+        try:
+            await self.link.open()
+            await self.link.frame(protocol.WEB_OPEN, {
+                "port": self.port, "method": self.scope["method"], "path": path,
+                "query": (self.scope.get("query_string") or b"").decode("latin-1"),
+                "headers": streams.forward_headers(self.scope, prefix), "body": has_body,
+            })
+            uploader = asyncio.ensure_future(self._upload(has_body))
+            downloader = asyncio.ensure_future(self._download())
+            done, _ = await asyncio.wait({uploader, downloader}, return_when=asyncio.FIRST_COMPLETED)
+            if downloader not in done:
+                # The upload side ended first: the browser left, or the upload broke a cap.
+                error = uploader.exception()
+                downloader.cancel()
+                await asyncio.gather(downloader, return_exceptions=True)
+                if error is not None:
+                    raise error
+                return
+            downloader.result()
+            reset = None if self.finished else reset
+        except ApplicationError as exc:
+            if not self.started:
+                await _respond_error(self.send, exc, self.scope)
+            else:
+                self._abort()
+        except streams.LinkLost:
+            if not self.started:
+                await _respond_error(self.send, DeviceOffline("The device's tunnel went away."), self.scope)
+            else:
+                self._abort()
+        finally:
+            if uploader is not None:
+                uploader.cancel()
+                await asyncio.gather(uploader, return_exceptions=True)
+            if self.writable is not None:
+                self.writable.close()
+            await self.link.close(reset)
+
+    def _abort(self) -> None:
+        if self.writable is not None:
+            self.writable.abort()
+
+    # --- browser -> device -----------------------------------------------------------------------
+    async def _upload(self, has_body: bool) -> None:
+        """Send the body in chunks under credit, then keep listening for the browser leaving."""
+        buffer = bytearray()
+        total, seq, ended = 0, 0, not has_body
+        cap = settings.DEVICE_WEB_MAX_REQUEST_BYTES
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                return
+            if message["type"] != "http.request" or ended:
+                continue
+            body = message.get("body", b"")
+            total += len(body)
+            if total > cap:
+                raise PayloadTooLarge(f"Request bodies through device web are capped at {cap} bytes.")
+            buffer += body
+            more = message.get("more_body", False)
+            while len(buffer) >= protocol.WEB_CHUNK_BYTES or (buffer and not more):
+                piece = bytes(buffer[: protocol.WEB_CHUNK_BYTES])
+                del buffer[: protocol.WEB_CHUNK_BYTES]
+                try:
+                    await self.credit.take(len(piece), self.idle_sec)
+                except TimeoutError:
+                    raise DeviceTimeout("The device stopped taking the request body.") from None
+                await self.link.frame(protocol.WEB_DATA, {"seq": seq, "data": base64.b64encode(piece).decode()})
+                seq += 1
+            if not more:
+                await self.link.frame(protocol.WEB_END, {})
+                ended = True
+
+    # --- device -> browser -----------------------------------------------------------------------
+    async def _download(self) -> None:
+        expected = 0
+        while True:
+            timeout = self.idle_sec if self.started else self.first_byte_sec
+            try:
+                message = await asyncio.wait_for(self.layer.receive(self.reply), timeout)
+            except TimeoutError:
+                raise DeviceTimeout(f"The device did not answer within {timeout:g} s.") from None
+            if message.get("type") == "device.stream.closed":
+                raise DeviceOffline("The device disconnected.")
+            if message.get("stream") != self.link.stream or not isinstance(message.get("frame"), dict):
+                continue
+            method = message["frame"].get("method")
+            params = message["frame"].get("params") or {}
+            if method == protocol.WEB_CREDIT:
+                self.credit.add(params.get("bytes"))
+            elif method == protocol.WEB_RESPONSE and not self.started:
+                await self._start(params)
+            elif method == protocol.WEB_DATA and self.started:
+                if params.get("seq") != expected:
+                    raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "a frame was lost"})
+                expected += 1
+                await self._body(params.get("data"))
+            elif method == protocol.WEB_END and self.started:
+                self.writable.close()  # before the last write: Twisted finishes the request on it
+                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+                self.finished = True
+                return
+            elif method == protocol.WEB_RESET:
+                raise streams.reset_error(params)
+            else:
+                raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
+                                           "detail": f"unexpected {method} from the device"})
+
+    async def _start(self, params: dict[str, Any]) -> None:
+        status = params.get("status")
+        headers = streams.response_headers(params.get("headers"))
+        if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599 or headers is None:
+            raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
+                                       "detail": "the device sent a malformed response head"})
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        self.started = True
+        self.writable = Writable(self.scope.get(TWISTED_REQUEST))
+        await self.send({"type": "http.response.body", "body": b"", "more_body": True})  # headers out now (SSE)
+
+    async def _body(self, data: Any) -> None:
+        try:
+            chunk = base64.b64decode(data or "", validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
+                                       "detail": "the device sent data that is not base64"}) from None
+        if not self.receipts.received(len(chunk)):
+            raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            await self.writable.wait(self.idle_sec)  # the browser reads slowly: hold this stream's credit
+        except TimeoutError:
+            raise DeviceTimeout("The browser stopped reading.") from None
+        owed = self.receipts.handed_on(len(chunk))
+        if owed:
+            await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
+
+
+def http_application() -> Any:
+    """The ASGI app for ``http_urlpatterns``: session user in ``scope["user"]``, Twisted request kept."""
+    return with_twisted_request(AuthMiddlewareStack(DeviceWebHttp()))

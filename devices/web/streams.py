@@ -1,0 +1,256 @@
+"""What the HTTP and WebSocket paths of device web share: the link to the device's tunnel consumer,
+credit flow control, header filtering and the plain error pages.
+
+Frames to the device go straight to the channel of its live tunnel connection (``Device.channel_name``)
+with ``layer.send``: unlike ``group_send``, a full channel raises instead of dropping, so we wait and
+retry. Frames from the device reach our own channel through the tunnel consumer's stream table
+(``device.stream_open``; see devices/consumers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import secrets
+from typing import Any
+from urllib.parse import quote
+
+from channels.exceptions import ChannelFull
+from django.conf import settings
+from django.shortcuts import resolve_url
+
+from ai1net.exceptions import ApplicationError
+from clients import protocol
+
+FULL_RETRY_SEC = 0.02  # a full tunnel channel: back off this long, doubling ...
+FULL_GIVE_UP_SEC = 10.0  # ... and give the stream up after this long
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade",
+})
+# The platform's own view of the request: replaced or meaningless on the device.
+INTERNAL = frozenset({b"host", b"expect", b"forwarded", b"x-real-ip", b"daphne-root-path"})
+WS_HANDSHAKE = frozenset({
+    b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions", b"sec-websocket-protocol",
+    b"origin",
+})
+
+
+class LinkLost(Exception):
+    """The tunnel connection is gone or does not take our frames."""
+
+
+class TunnelLink:
+    """One stream's way to the device: frames out via the tunnel consumer's channel."""
+
+    def __init__(self, layer: Any, tunnel_channel: str, reply_channel: str) -> None:
+        self.layer = layer
+        self.tunnel = tunnel_channel
+        self.reply = reply_channel
+        self.stream = secrets.token_urlsafe(18)
+        self.opened = False
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FULL_GIVE_UP_SEC
+        delay = FULL_RETRY_SEC
+        while True:
+            try:
+                await self.layer.send(self.tunnel, message)
+                return
+            except ChannelFull:
+                if loop.time() + delay > deadline:
+                    raise LinkLost("the device's tunnel is congested") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def open(self) -> None:
+        await self._send({"type": "device.stream_open", "stream": self.stream, "reply_channel": self.reply})
+        self.opened = True
+
+    async def frame(self, method: str, params: dict[str, Any]) -> None:
+        await self._send({"type": "device.forward",
+                          "frame": protocol.notification(method, dict(params, stream=self.stream))})
+
+    async def close(self, reset_reason: str | None = None) -> None:
+        """Forget the stream on the tunnel; with a reason, tell the device to abort it first."""
+        if not self.opened:
+            return
+        self.opened = False
+        try:
+            if reset_reason:
+                await self.frame(protocol.WEB_RESET, {"reason": reset_reason, "detail": ""})
+            await self._send({"type": "device.stream_close", "stream": self.stream})
+        except LinkLost:
+            pass
+
+
+class Credit:
+    """What we may still send on one stream (the device returns credit as it hands data on)."""
+
+    def __init__(self) -> None:
+        self.available = protocol.WEB_WINDOW_BYTES
+        self.changed = asyncio.Event()
+
+    def add(self, amount: Any) -> bool:
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 < amount <= protocol.WEB_WINDOW_BYTES:
+            return False
+        self.available = min(self.available + amount, protocol.WEB_WINDOW_BYTES)
+        self.changed.set()
+        return True
+
+    async def take(self, size: int, timeout: float) -> None:
+        cost = protocol.web_frame_cost(size)
+        while self.available < cost:
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        self.available -= cost
+
+
+class Receipts:
+    """Credit we owe the device for data we handed on; returned in quarter-window batches."""
+
+    def __init__(self) -> None:
+        self.owed = 0
+        self.in_flight = 0  # what the device has sent and we have not handed on yet
+
+    def received(self, size: int) -> bool:
+        """False when the device sent more than its window (it ignores flow control)."""
+        self.in_flight += protocol.web_frame_cost(size)
+        return self.in_flight <= protocol.WEB_WINDOW_BYTES
+
+    def handed_on(self, size: int) -> int:
+        cost = protocol.web_frame_cost(size)
+        self.in_flight -= cost
+        self.owed += cost
+        if self.owed >= protocol.WEB_WINDOW_BYTES // 4:
+            owed, self.owed = self.owed, 0
+            return owed
+        return 0
+
+
+def prefix_of(device_id: Any, port: Any) -> str:
+    return f"/d/{device_id}/{port}"
+
+
+def header_value(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _platform_cookies_removed(value: bytes) -> bytes | None:
+    mine = {settings.SESSION_COOKIE_NAME.encode(), settings.CSRF_COOKIE_NAME.encode()}
+    kept = [part.strip() for part in value.split(b";")
+            if part.strip() and part.strip().split(b"=", 1)[0].strip() not in mine]
+    return b"; ".join(kept) if kept else None
+
+
+def forward_headers(scope: dict[str, Any], prefix: str, *, websocket: bool = False) -> list[list[str]]:
+    """The browser's headers for the device: no hop-by-hop or internal headers, none of the platform's
+    cookies, and X-Forwarded-For/Proto/Host/Prefix set by us (never taken from the browser)."""
+    listed: set[bytes] = set()
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"connection":
+            listed |= {token.strip().lower() for token in value.split(b",")}
+    dropped = HOP_BY_HOP | INTERNAL | listed | (WS_HANDSHAKE if websocket else frozenset())
+    headers: list[list[str]] = []
+    for key, value in scope.get("headers", []):
+        key = key.lower()
+        if key in dropped or key.startswith(b"x-forwarded-"):
+            continue
+        if key == b"cookie":
+            value = _platform_cookies_removed(value)
+            if value is None:
+                continue
+        headers.append([key.decode("latin-1"), value.decode("latin-1")])
+    client = scope.get("client") or ("", 0)
+    scheme = scope.get("scheme") or ("wss" if websocket else "http")
+    headers += [
+        ["x-forwarded-for", str(client[0])],
+        ["x-forwarded-proto", {"ws": "http", "wss": "https"}.get(scheme, scheme)],
+        ["x-forwarded-host", header_value(scope, b"host")],
+        ["x-forwarded-prefix", prefix],
+    ]
+    return headers
+
+
+def response_headers(raw: Any) -> list[tuple[bytes, bytes]] | None:
+    """The device's response headers for the browser, or None when they are malformed."""
+    if not isinstance(raw, list) or len(raw) > protocol.WEB_MAX_HEADERS:
+        return None
+    mine = {settings.SESSION_COOKIE_NAME.lower(), settings.CSRF_COOKIE_NAME.lower()}
+    headers: list[tuple[bytes, bytes]] = []
+    for pair in raw:
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(x, str) for x in pair):
+            return None
+        name, value = pair[0].strip().lower(), pair[1]
+        if not name or any(c in value for c in "\r\n\0") or any(c in name for c in " :\r\n\0"):
+            return None
+        if name.encode("latin-1", "replace") in HOP_BY_HOP:
+            continue
+        if name == "set-cookie" and value.split("=", 1)[0].strip().lower() in mine:
+            continue  # a device must not overwrite the platform's session or CSRF cookie
+        try:
+            headers.append((name.encode("latin-1"), value.encode("latin-1")))
+        except UnicodeEncodeError:
+            return None
+    return headers
+
+
+def wants_html(scope: dict[str, Any]) -> bool:
+    return "text/html" in header_value(scope, b"accept")
+
+
+def error_response(exc: ApplicationError, scope: dict[str, Any]) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, body) for a refused or failed request: a plain page for browsers (a login
+    redirect when there is no session), {"error", "detail"} JSON otherwise."""
+    html_wanted = wants_html(scope)
+    if exc.status == 401 and html_wanted:
+        path = scope.get("raw_path") or scope.get("path", "/").encode()
+        query = scope.get("query_string") or b""
+        target = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        location = f"{resolve_url(settings.LOGIN_URL)}?next={quote(target, safe='/')}"
+        return 302, [(b"location", location.encode("latin-1")), (b"cache-control", b"no-store")], b""
+    if html_wanted:
+        body = (
+            "<!doctype html><meta charset=utf-8><meta name=viewport content='width=device-width'>"
+            f"<title>{exc.status} {html.escape(exc.code)}</title>"
+            f"<h1>{html.escape(_title(exc))}</h1><p>{html.escape(exc.detail)}</p>"
+            f"<p><small>{exc.status} · {html.escape(exc.code)} · ai1net device web</small></p>"
+        ).encode()
+        content_type = b"text/html; charset=utf-8"
+    else:
+        body = json.dumps(exc.as_dict()).encode()
+        content_type = b"application/json"
+    return exc.status, [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+                        (b"cache-control", b"no-store")], body
+
+
+def _title(exc: ApplicationError) -> str:
+    return {
+        "device_web_off": "Device web is switched off",
+        "device_offline": "The device is offline",
+        "port_not_exposed": "This port is not exposed",
+        "device_timeout": "The device did not answer in time",
+        "upstream_unreachable": "Nothing answers on that port",
+    }.get(exc.code, "Device web")
+
+
+RESET_STATUS = {
+    protocol.WEB_RESET_PORT_NOT_EXPOSED: 502,
+    protocol.WEB_RESET_UNREACHABLE: 502,
+    protocol.WEB_RESET_UPSTREAM_ERROR: 502,
+    protocol.WEB_RESET_BAD_REQUEST: 400,
+    protocol.WEB_RESET_FLOW: 502,
+    protocol.WEB_RESET_TIMEOUT: 504,
+}
+
+
+def reset_error(params: dict[str, Any]) -> ApplicationError:
+    reason = str(params.get("reason") or "upstream_error")[:50]
+    detail = str(params.get("detail") or "The device could not complete the request.")[:500]
+    return ApplicationError(detail, code=reason, status=RESET_STATUS.get(reason, 502))
