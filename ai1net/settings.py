@@ -59,6 +59,11 @@ PROBES_TOKEN_APPROVALS = env_bool("AI1NET_PROBES_TOKEN_APPROVALS", False)
 DEVICE_HEARTBEAT_SEC = float(os.environ.get("AI1NET_HEARTBEAT_SEC", "20"))
 DEVICE_EPHEMERAL_GRACE_SEC = float(os.environ.get("AI1NET_EPHEMERAL_GRACE_SEC", "30"))
 DEVICE_PAIRING_INTERVAL_SEC = int(os.environ.get("AI1NET_PAIRING_INTERVAL_SEC", "5"))
+# Device web (devices.web): timeouts and caps of requests through a tunnel.
+DEVICE_WEB_FIRST_BYTE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_FIRST_BYTE_SEC", "30"))
+DEVICE_WEB_IDLE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_IDLE_SEC", "300"))
+DEVICE_WEB_MAX_REQUEST_BYTES = int(os.environ.get("AI1NET_DEVICE_WEB_MAX_REQUEST_BYTES", str(64 * 1024 * 1024)))
+DEVICE_WEB_WS_BUFFER_BYTES = 4 * 1024 * 1024  # browser frames waiting for the device's credit
 
 INSTALLED_APPS = [
     "daphne",

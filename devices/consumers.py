@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
@@ -265,9 +266,14 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         stream = params.get("stream")
         if isinstance(stream, str) and stream in self.streams:
             message = {"jsonrpc": "2.0", "method": method, "params": params}
-            await self.channel_layer.send(self.streams[stream], {"type": "device.stream", "stream": stream,
-                                                                 "frame": message})
+            try:
+                await self.channel_layer.send(self.streams[stream], {"type": "device.stream", "stream": stream,
+                                                                     "frame": message})
+            except ChannelFull:  # the receiver sees the seq gap and resets its stream
+                logger.warning("stream %s of %s is full; frame dropped", stream, self.device.pk)
             return
+        if isinstance(stream, str) and method.startswith("web."):
+            return  # a late frame of a device-web stream the platform already ended: not abuse
         await self._bad_frame(None, protocol.METHOD_NOT_FOUND, f"unknown notification {method!r}")
 
     async def _on_response(self, message: dict[str, Any]) -> None:

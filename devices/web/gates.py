@@ -15,13 +15,12 @@ from typing import Any
 
 from django.conf import settings
 
-from ai1net.accounts.selectors import device_web_active
+from ai1net.accounts.selectors import device_web_active, otp_session_ok
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
 from devices.errors import DeviceOffline
 from devices.models import Device
 from devices.selectors import access_device
-from im.access import otp_satisfied
 
 
 class DeviceWebOff(Unavailable):
@@ -44,7 +43,7 @@ def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = Non
         raise DeviceWebOff()
     if user is None or not getattr(user, "is_authenticated", False):
         raise NotAuthenticated("Log in to reach your devices.")
-    if session is not None and not otp_satisfied(user, session):
+    if session is not None and not otp_session_ok(user, session):
         raise NotAuthenticated("Enter your two-factor code first.", code="otp_required")
     if not device_web_active(user):
         raise NotFound("No such device.")

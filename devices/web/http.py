@@ -19,7 +19,6 @@ import base64
 import binascii
 import functools
 import logging
-import re
 from typing import Any
 
 from channels.auth import AuthMiddlewareStack
@@ -36,7 +35,6 @@ from devices.web.gates import check_device_web
 logger = logging.getLogger(__name__)
 
 TWISTED_REQUEST = "ai1net.twisted_request"
-_RAW_PATH = re.compile(rb"^/d/[^/]+/[^/]+")
 
 
 class Writable:
@@ -145,10 +143,10 @@ class HttpStream:
         self.link = streams.TunnelLink(layer, self.device.channel_name, reply)
         self.layer, self.reply = layer, reply
         prefix = streams.prefix_of(self.device.pk, self.port)
-        raw_path = self.scope.get("raw_path") or self.scope["path"].encode("latin-1")
-        path = _RAW_PATH.sub(b"", raw_path, count=1).decode("latin-1") or "/"
+        path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
         length = streams.header_value(self.scope, b"content-length").strip()
-        has_body = bool(streams.header_value(self.scope, b"transfer-encoding")) or (length.isdigit() and int(length) > 0)
+        chunked = bool(streams.header_value(self.scope, b"transfer-encoding"))
+        has_body = chunked or (length.isdigit() and int(length) > 0)
         uploader: asyncio.Task | None = None
         reset: str | None = protocol.WEB_RESET_CANCELLED
         try:

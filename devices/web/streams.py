@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import re
 import secrets
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +24,7 @@ from django.shortcuts import resolve_url
 from ai1net.exceptions import ApplicationError
 from clients import protocol
 
+_PREFIX = re.compile(rb"^/d/[^/]+/[^/]+")
 FULL_RETRY_SEC = 0.02  # a full tunnel channel: back off this long, doubling ...
 FULL_GIVE_UP_SEC = 10.0  # ... and give the stream up after this long
 
@@ -133,6 +135,11 @@ class Receipts:
 
 def prefix_of(device_id: Any, port: Any) -> str:
     return f"/d/{device_id}/{port}"
+
+
+def strip_prefix(raw_path: bytes) -> str:
+    """/d/<device>/<port>/rest (as the browser sent it, still percent-encoded) -> /rest."""
+    return _PREFIX.sub(b"", raw_path, count=1).decode("latin-1") or "/"
 
 
 def header_value(scope: dict[str, Any], name: bytes) -> str:

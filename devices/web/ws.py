@@ -1,0 +1,197 @@
+"""/d/<device>/<port>/<path> as a WebSocket: the browser's socket is relayed to a WebSocket client the
+bridge opens on 127.0.0.1:<port>.
+
+The same gates as HTTP run in ``connect``; the browser's handshake is answered (101, with the
+subprotocol the local server chose) only once the device says its side is open (``web.ws_accept``);
+a refusal rejects the handshake (403). Frames carry a per-direction seq and use the same credit window
+as HTTP bodies; browser frames beyond our credit wait in a bounded buffer. Closes propagate both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from ai1net.exceptions import ApplicationError
+from clients import protocol
+from devices.web import streams
+from devices.web.gates import check_device_web
+
+logger = logging.getLogger(__name__)
+
+OPEN_TIMEOUT_SEC = 15.0
+CLOSE_TRY_AGAIN = 1013  # the browser sent more than we may buffer
+CLOSE_TOO_BIG = 1009
+CLOSE_UPSTREAM_FAILED = 1011
+
+
+class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
+    link: streams.TunnelLink | None = None
+
+    async def connect(self) -> None:
+        kwargs = self.scope.get("url_route", {}).get("kwargs", {})
+        self.accepted = False
+        self.closed = False
+        self.pending: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
+        self.pending_cost = 0
+        self.send_seq = self.recv_seq = 0
+        self.credit = streams.Credit()
+        self.receipts = streams.Receipts()
+        self.open_timer: asyncio.Task | None = None
+        try:
+            device = await database_sync_to_async(check_device_web)(
+                self.scope.get("user"), kwargs.get("device_id"), kwargs.get("port"), session=self.scope.get("session"))
+        except ApplicationError as exc:
+            logger.info("device web socket refused: %s", exc.code)
+            await self.close()  # before accept: the handshake is rejected (403)
+            return
+        port = int(kwargs["port"])
+        prefix = streams.prefix_of(device.pk, port)
+        path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
+        self.link = streams.TunnelLink(self.channel_layer, device.channel_name, self.channel_name)
+        try:
+            await self.link.open()
+            await self.link.frame(protocol.WEB_WS_OPEN, {
+                "port": port, "path": path, "query": (self.scope.get("query_string") or b"").decode("latin-1"),
+                "headers": streams.forward_headers(self.scope, prefix, websocket=True),
+                "subprotocols": list(self.scope.get("subprotocols") or [])[:20],
+            })
+        except streams.LinkLost:
+            await self._end(None)
+            return
+        self.open_timer = asyncio.create_task(self._open_deadline())
+
+    async def _open_deadline(self) -> None:
+        await asyncio.sleep(OPEN_TIMEOUT_SEC)
+        if not self.accepted:
+            await self._end(protocol.WEB_RESET_TIMEOUT)
+
+    async def _end(self, reset: str | None, code: int = CLOSE_UPSTREAM_FAILED) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.open_timer is not None and self.open_timer is not asyncio.current_task():
+            self.open_timer.cancel()
+        if self.link is not None:
+            await self.link.close(reset)
+        await self.close(code=code if self.accepted else None)
+
+    # --- browser -> device -----------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closed or not self.accepted:
+            return
+        if text_data is not None:
+            size = len(text_data.encode("utf-8"))
+            body: dict[str, Any] = {"text": text_data}
+        else:
+            size = len(bytes_data or b"")
+            body = {"data": base64.b64encode(bytes_data or b"").decode("ascii")}
+        if size > protocol.WEB_WS_MAX_MESSAGE:
+            await self._end(protocol.WEB_RESET_CANCELLED, CLOSE_TOO_BIG)
+            return
+        self.pending.append((body, size))
+        self.pending_cost += protocol.web_frame_cost(size)
+        if self.pending_cost > settings.DEVICE_WEB_WS_BUFFER_BYTES:
+            await self._end(protocol.WEB_RESET_CANCELLED, CLOSE_TRY_AGAIN)
+            return
+        await self._flush()
+
+    async def _flush(self) -> None:
+        """Send buffered browser frames while credit lasts (never waits: consumers handle one message
+        at a time, and the credit that would free us arrives as a message)."""
+        while self.pending and not self.closed:
+            body, size = self.pending[0]
+            cost = protocol.web_frame_cost(size)
+            if self.credit.available < cost:
+                return
+            self.credit.available -= cost
+            self.pending.popleft()
+            self.pending_cost -= cost
+            try:
+                await self.link.frame(protocol.WEB_WS_FRAME, dict(body, seq=self.send_seq))
+            except streams.LinkLost:
+                await self._end(None)
+                return
+            self.send_seq += 1
+
+    async def disconnect(self, code: int) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.open_timer is not None:
+            self.open_timer.cancel()
+        if self.link is not None:
+            try:
+                await self.link.frame(protocol.WEB_WS_CLOSE, {"code": code if isinstance(code, int) else 1000,
+                                                              "reason": ""})
+            except streams.LinkLost:
+                pass
+            await self.link.close()
+
+    # --- device -> browser (channel-layer messages from the tunnel consumer) ----------------------
+    async def device_stream(self, message: dict[str, Any]) -> None:
+        if self.closed or self.link is None or message.get("stream") != self.link.stream:
+            return
+        frame = message.get("frame") or {}
+        method, params = frame.get("method"), frame.get("params") or {}
+        if method == protocol.WEB_WS_ACCEPT and not self.accepted:
+            subprotocol = params.get("subprotocol")
+            offered = self.scope.get("subprotocols") or []
+            await self.accept(subprotocol if isinstance(subprotocol, str) and subprotocol in offered else None)
+            self.accepted = True
+            if self.open_timer is not None:
+                self.open_timer.cancel()
+        elif method == protocol.WEB_CREDIT:
+            if self.credit.add(params.get("bytes")):
+                await self._flush()
+        elif method == protocol.WEB_WS_FRAME and self.accepted:
+            await self._frame_from_device(params)
+        elif method == protocol.WEB_WS_CLOSE:
+            code = params.get("code")
+            code = code if isinstance(code, int) and (code == 1000 or 3000 <= code <= 4999) else 1000
+            await self._end(None, code)
+        elif method == protocol.WEB_RESET:
+            logger.info("device web socket reset by the device: %s", params.get("reason"))
+            await self._end(None)
+        else:
+            await self._end(protocol.WEB_RESET_UPSTREAM_ERROR)
+
+    async def _frame_from_device(self, params: dict[str, Any]) -> None:
+        if params.get("seq") != self.recv_seq:
+            await self._end(protocol.WEB_RESET_FLOW)
+            return
+        self.recv_seq += 1
+        if isinstance(params.get("text"), str):
+            text = params["text"]
+            size = len(text.encode("utf-8"))
+            await self.send(text_data=text)
+        else:
+            try:
+                data = base64.b64decode(params.get("data") or "", validate=True)
+            except (binascii.Error, ValueError, TypeError):
+                await self._end(protocol.WEB_RESET_UPSTREAM_ERROR)
+                return
+            size = len(data)
+            await self.send(bytes_data=data)
+        if not self.receipts.received(size):
+            await self._end(protocol.WEB_RESET_FLOW)
+            return
+        owed = self.receipts.handed_on(size)
+        if owed:
+            try:
+                await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
+            except streams.LinkLost:
+                await self._end(None)
+
+    async def device_stream_closed(self, message: dict[str, Any]) -> None:
+        if self.link is not None and message.get("stream") == self.link.stream:
+            self.link.opened = False  # the tunnel is gone: nothing to forget there
+            await self._end(None)
