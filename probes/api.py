@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ai1net.accounts.models import ApiToken
-from ai1net.exceptions import ValidationFailed
+from ai1net.exceptions import Forbidden, ValidationFailed
+from im.access import http_otp_satisfied
 from probes import selectors, services
 from probes.models import ProbeCommand
 
@@ -52,18 +54,30 @@ def _studio_room_id(user: Any, device: Any) -> Any:
         return None
 
 
-class ProbeListApi(APIView):
+def _is_agent(request: Request) -> bool:
+    return isinstance(request.auth, ApiToken)
+
+
+class ProbesView(APIView):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        # A session of a user with two-factor counts only once verified (as on every page).
+        if not _is_agent(request) and not http_otp_satisfied(request):
+            raise Forbidden("Verify your sign-in with your one-time code first.", code="otp_required")
+
+
+class ProbeListApi(ProbesView):
     def get(self, request: Request) -> Response:
         return Response([selectors.probe_describe(d) for d in selectors.probes_for_user(user=request.user)])
 
 
-class ProbeDetailApi(APIView):
+class ProbeDetailApi(ProbesView):
     def get(self, request: Request, probe: str) -> Response:
         device = selectors.probe_access(user=request.user, probe=probe)
         return Response({**selectors.probe_describe(device), "room_id": _studio_room_id(request.user, device)})
 
 
-class ProbeCommandsApi(APIView):
+class ProbeCommandsApi(ProbesView):
     def get(self, request: Request, probe: str) -> Response:
         device = selectors.probe_access(user=request.user, probe=probe)
         commands = selectors.commands_for_probe(user=request.user, device=device)
@@ -74,7 +88,7 @@ class ProbeCommandsApi(APIView):
             raise ValidationFailed("The body must be a JSON object with op, args and wait.")
         wait = _wait(request.data.get("wait"), DEFAULT_WAIT_SEC)
         device = selectors.probe_access(user=request.user, probe=probe)
-        via = ProbeCommand.Via.API if isinstance(request.auth, ApiToken) else ProbeCommand.Via.STUDIO
+        via = ProbeCommand.Via.API if _is_agent(request) else ProbeCommand.Via.STUDIO
         command = services.command_create(
             user=request.user, device=device, op=request.data.get("op"), args=request.data.get("args"),
             via=via, ip=_ip(request),
@@ -83,7 +97,7 @@ class ProbeCommandsApi(APIView):
         return _command_response(command)
 
 
-class CommandDetailApi(APIView):
+class CommandDetailApi(ProbesView):
     def get(self, request: Request, command_id: Any) -> Response:
         # `?wait=N` long-polls, through the owner's decision too.
         wait = _wait(request.query_params.get("wait"), 0.0)
@@ -91,8 +105,12 @@ class CommandDetailApi(APIView):
         return _command_response(command)
 
 
-class CommandApproveApi(APIView):
+class CommandApproveApi(ProbesView):
     def post(self, request: Request, command_id: Any) -> Response:
+        if _is_agent(request) and not settings.PROBES_TOKEN_APPROVALS:
+            # The gateway stands between the agent and the machine: the agent cannot wave itself through.
+            raise Forbidden("Approvals come from a person: approve in Studio or on the phone, not with an API token.",
+                            code="approval_needs_a_person")
         data = request.data if isinstance(request.data, dict) else {}
         seen_hash = data.get("args_hash")
         if seen_hash is not None and not isinstance(seen_hash, str):
@@ -104,13 +122,13 @@ class CommandApproveApi(APIView):
         return _command_response(command)
 
 
-class CommandRejectApi(APIView):
+class CommandRejectApi(ProbesView):
     def post(self, request: Request, command_id: Any) -> Response:
         command = services.command_reject(user=request.user, command_id=command_id, ip=_ip(request))
         return _command_response(command)
 
 
-class ApprovalsApi(APIView):
+class ApprovalsApi(ProbesView):
     """What waits for my decision: for Studio and the phone page."""
 
     def get(self, request: Request) -> Response:

@@ -35,7 +35,7 @@ from probes.ops import args_hash, probe_modes, required_mode, validate
 logger = logging.getLogger(__name__)
 State = ProbeCommand.State
 
-APPROVAL_TTL = timedelta(seconds=getattr(settings, "PROBES_APPROVAL_TTL_SEC", 15 * 60))
+APPROVAL_TTL = timedelta(seconds=settings.PROBES_APPROVAL_TTL_SEC)
 CALL_TIMEOUT_SEC = float(getattr(settings, "PROBES_CALL_TIMEOUT_SEC", 60))
 MAX_CALL_TIMEOUT_SEC = float(getattr(settings, "PROBES_MAX_CALL_TIMEOUT_SEC", 15 * 60))
 ROOM_RESULT_CHARS = 16_000  # what a room message carries of a result; the full result stays in the row

@@ -278,3 +278,39 @@ def test_an_approval_that_waited_too_long_expires(api, writable_probe, fake_prob
     assert api.get(f"/api/probes/commands/{body['id']}").json()["state"] == "expired"
     assert fake_probe.calls == []
     assert audit_actions() == ["probe.command.expired"]
+
+
+# --- who may approve ----------------------------------------------------------------------------
+
+def test_an_agents_token_cannot_approve_but_may_withdraw(client, writable_probe, token, fake_probe):
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    first = post_command(client, writable_probe.pk, "run", {"argv": ["make"]}, **bearer).json()
+    refused = client.post(f"/api/probes/commands/{first['id']}/approve", {}, content_type="application/json",
+                          **bearer)
+    assert refused.status_code == 403 and refused.json()["error"] == "approval_needs_a_person"
+    assert ProbeCommand.objects.get(pk=first["id"]).state == "awaiting_approval"
+    withdrawn = client.post(f"/api/probes/commands/{first['id']}/reject", {}, content_type="application/json",
+                            **bearer)
+    assert withdrawn.status_code == 200 and withdrawn.json()["state"] == "rejected"
+    assert fake_probe.calls == []
+
+
+def test_token_approvals_can_be_allowed_by_the_operator(client, writable_probe, token, fake_probe, settings):
+    settings.PROBES_TOKEN_APPROVALS = True
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    body = post_command(client, writable_probe.pk, "run", {"argv": ["make"]}, **bearer).json()
+    done = client.post(f"/api/probes/commands/{body['id']}/approve", {"wait": 5}, content_type="application/json",
+                       **bearer)
+    assert done.status_code == 200 and done.json()["state"] == "done"
+
+
+def test_a_session_without_its_second_factor_is_refused(api, user, writable_probe, fake_probe):
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    body = post_command(api, writable_probe.pk, "run", {"argv": ["make"]}).json()
+    TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    for response in (api.get("/api/probes/"), api.get("/api/probes/approvals"),
+                     api.post(f"/api/probes/commands/{body['id']}/approve", {}, content_type="application/json")):
+        assert response.status_code == 403 and response.json()["error"] == "otp_required"
+    assert api.get("/studio/").status_code == 302
+    assert ProbeCommand.objects.get(pk=body["id"]).state == "awaiting_approval"

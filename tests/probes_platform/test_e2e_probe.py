@@ -50,6 +50,14 @@ def agent(server: Daphne, user) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {raw}"}, timeout=70)
 
 
+def owner(server: Daphne, client, user) -> httpx.Client:
+    """The person, with a browser session (CSRF token in cookie and header): approvals come from here."""
+    client.force_login(user)
+    csrf = "c" * 32
+    return httpx.Client(base_url=server.url, timeout=70, headers={"X-CSRFToken": csrf},
+                        cookies={"sessionid": client.cookies["sessionid"].value, "csrftoken": csrf})
+
+
 def command(http: httpx.Client, probe: str, op: str, args: dict, wait: float = 20) -> httpx.Response:
     return http.post(f"/api/probes/{probe}/commands", json={"op": op, "args": args, "wait": wait})
 
@@ -84,10 +92,11 @@ def test_reads_run_at_once_and_writes_are_refused_on_a_read_only_probe(server, u
         probe.stop()
 
 
-def test_writes_and_commands_wait_for_approval_and_run_once(server, user, project, tmp_path):
+def test_writes_and_commands_wait_for_approval_and_run_once(server, client, user, project, tmp_path):
     device, token = device_services.device_create(owner=user, name="rw", kind="probe", ephemeral=True)
     probe = start_probe(server, device, token, project, tmp_path, "--write", "--exec")
     http = agent(server, user)
+    person = owner(server, client, user)
     target = project / "hello.py"
     try:
         assert http.get("/api/probes/rw").json()["modes"] == ["exec", "write"]
@@ -98,39 +107,46 @@ def test_writes_and_commands_wait_for_approval_and_run_once(server, user, projec
         assert "-    return 'hi'" in preview and "+    return 'hey'" in preview
         assert "hi" in target.read_text()  # nothing written before the approval
 
-        approved = http.post(f"/api/probes/commands/{write_id}/approve", json={"wait": 20})
+        # The agent cannot approve its own request.
+        self_approved = http.post(f"/api/probes/commands/{write_id}/approve", json={})
+        assert self_approved.status_code == 403 and self_approved.json()["error"] == "approval_needs_a_person"
+        approved = person.post(f"/api/probes/commands/{write_id}/approve", json={"wait": 20})
         assert approved.status_code == 200, approved.text
         assert approved.json()["state"] == "done"
         assert target.read_text() == "def hello():\n    return 'hey'\n"
-        assert http.post(f"/api/probes/commands/{write_id}/approve", json={}).status_code == 409
+        assert person.post(f"/api/probes/commands/{write_id}/approve", json={}).status_code == 409
+        # The agent long-polls its command to the end.
+        assert http.get(f"/api/probes/commands/{write_id}?wait=5").json()["state"] == "done"
 
         skipped = command(http, "rw", "run", {"argv": ["touch", str(project / "skipped")]})
         assert skipped.status_code == 202
-        assert http.post(f"/api/probes/commands/{skipped.json()['id']}/reject").json()["state"] == "rejected"
+        assert person.post(f"/api/probes/commands/{skipped.json()['id']}/reject").json()["state"] == "rejected"
 
         run = command(http, "rw", "run", {"argv": ["sh", "-c", "echo ran >> log.txt; cat log.txt"],
                                           "cwd": str(project)})
         run_id = run.json()["id"]
-        done = http.post(f"/api/probes/commands/{run_id}/approve", json={"wait": 20}).json()
+        done = person.post(f"/api/probes/commands/{run_id}/approve", json={"wait": 20}).json()
         assert done["state"] == "done", done
         assert done["result"]["exit_code"] == 0 and done["result"]["stdout"] == "ran\n"
-        assert http.post(f"/api/probes/commands/{run_id}/approve", json={}).status_code == 409
+        assert person.post(f"/api/probes/commands/{run_id}/approve", json={}).status_code == 409
         assert (project / "log.txt").read_text() == "ran\n"  # ran exactly once
         assert not (project / "skipped").exists()
     finally:
         http.close()
+        person.close()
         probe.stop()
 
 
-def test_a_probe_that_went_away_fails_commands_with_device_offline(server, user, project, tmp_path):
+def test_a_probe_that_went_away_fails_commands_with_device_offline(server, client, user, project, tmp_path):
     device, token = device_services.device_create(owner=user, name="gone", kind="probe", ephemeral=True)
     probe = start_probe(server, device, token, project, tmp_path, "--exec")
     http = agent(server, user)
+    person = owner(server, client, user)
     try:
         pending = command(http, "gone", "run", {"argv": ["touch", str(project / "late")]}).json()
         probe.stop()
         wait_until(lambda: not Device.objects.get(pk=device.pk).is_online, 20, message="probe offline")
-        late = http.post(f"/api/probes/commands/{pending['id']}/approve", json={"wait": 20}).json()
+        late = person.post(f"/api/probes/commands/{pending['id']}/approve", json={"wait": 20}).json()
         assert late["state"] == "failed" and late["error"]["code"] in ("device_offline", "not_found"), late
         read = command(http, str(device.pk), "ping", {})
         # An ephemeral probe's token died with its connection: it is gone from the router, or offline.
@@ -138,4 +154,5 @@ def test_a_probe_that_went_away_fails_commands_with_device_offline(server, user,
         assert not (project / "late").exists()
     finally:
         http.close()
+        person.close()
         probe.stop()
