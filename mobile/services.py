@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ai1net.accounts.selectors import mobile_reply_active
@@ -245,7 +245,14 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
         )
         nonce = nonce_for(question)
         question.nonce_hash = hash_secret(nonce)
-        question.save(force_insert=True)
+        try:
+            with transaction.atomic():
+                question.save(force_insert=True)
+        except IntegrityError:  # the same question_id raced in under another request id: it stands
+            existing = Question.objects.select_related("device").get(pk=qid)
+            if existing.device_id != device.pk:
+                raise ValidationFailed("question_id is already in use.") from None
+            return _question_reply(existing)
         room = Room.objects.get(pk=session.room_id)
         message = im_services.message_post(room=room, author_device=device, kind=Message.Kind.QUESTION,
                                            body={"question_id": str(qid), "questions": questions})

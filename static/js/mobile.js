@@ -96,16 +96,19 @@
     render();
   }
 
+  // `recent` is null for a socket snapshot: then a question that left the pending list is re-read by
+  // one poll (which carries the recent states) instead of being guessed.
   function applyPending(list, recent) {
     var seen = {};
     list.forEach(function (q) { seen[q.question_id] = true; upsertQuestion(q); });
-    (recent || []).forEach(function (q) { if (questions[q.question_id]) setQuestionState(q.question_id, q.state); });
-    // A question we showed as waiting that is neither pending nor recent any more is over.
-    Object.keys(questions).forEach(function (id) {
-      if (!seen[id] && questions[id].state === "pending" && !(recent || []).some(function (r) { return r.question_id === id; })) {
-        setQuestionState(id, "expired");
-      }
+    var named = {};
+    (recent || []).forEach(function (q) { named[q.question_id] = true; setQuestionState(q.question_id, q.state); });
+    var missing = Object.keys(questions).filter(function (id) {
+      return !seen[id] && !named[id] && questions[id].state === "pending";
     });
+    if (!missing.length) return;
+    if (recent === null) { poll(); return; }
+    missing.forEach(function (id) { setQuestionState(id, "expired"); });
   }
 
   function switchOff() {
@@ -288,7 +291,7 @@
     switch (event.type) {
       case "mobile.snapshot":
         applyState(event.state || {});
-        applyPending(event.questions || [], []);
+        applyPending(event.questions || [], null);
         break;
       case "mobile.question.created": upsertQuestion(event.question); break;
       case "mobile.question.updated": setQuestionState(event.question_id, event.state); break;
@@ -350,6 +353,16 @@
       retryMs = Math.min(retryMs * 2, 30000);
     };
   }
+
+  // A question whose time is up (by this clock) is re-read: the server names its state.
+  setInterval(function () {
+    var now = Date.now();
+    var due = Object.keys(questions).some(function (id) {
+      var q = questions[id];
+      return q.state === "pending" && q.expires_at && Date.parse(q.expires_at) + 3000 < now;
+    });
+    if (due && !switchedOff) poll();
+  }, 10000);
 
   window.ai1netMobile = { state: function () { return { questions: questions, sessions: sessions, bridges: bridges }; } };
   poll().then(connect);

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+from django.conf import settings
+from django.db import connection
 
 from devices.models import OutboxItem
+from mobile import services
 from mobile.models import Answer, Question
 from tests.e2e_support import Daphne, wait_until
 from tests.mobile.factories import TWO_QUESTIONS, ask
 
 CHROMIUM = "/usr/bin/chromium"
+
+
+def in_thread(fn, **kwargs):
+    def run():
+        try:
+            return fn(**kwargs)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result(timeout=30)
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -21,6 +38,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 def test_tapping_an_option_on_the_phone_page_answers_the_question(tmp_path, client, bridge, mobile_user):
     playwright_api = pytest.importorskip("playwright.sync_api")
     question, _nonce = ask(bridge, questions=TWO_QUESTIONS)
+    late, _ = ask(bridge, tool_use_id="toolu_02")
     client.force_login(mobile_user)
     session_key = client.cookies["sessionid"].value
     server = Daphne(tmp_path)
@@ -47,6 +65,20 @@ def test_tapping_an_option_on_the_phone_page_answers_the_question(tmp_path, clie
                 card.locator('[data-testid="other"][data-question="Which framework?"]').fill("with Pinia")
                 card.locator('[data-testid="submit-answer"]').click()
                 card.locator('[data-testid="question-state"]', has_text="Answered").wait_for(timeout=15_000)
+
+                # Someone answered the other question at the desk first: the phone says so plainly.
+                # (Playwright's sync API runs an event loop here, so the ORM call goes to a thread.)
+                in_thread(services.desktop_answer_record, device=bridge, session_id="sess-1",
+                          question_id=str(late.pk), answers={"Which framework?": "React"})
+                late_card = page.locator(f'[data-testid="question"][data-question-id="{late.pk}"]')
+                if not settings.REDIS_URL:
+                    # The in-memory layer is per process, so this test process's event cannot reach
+                    # daphne's socket: the late answer's named refusal tells the page instead.
+                    late_card.locator('[data-testid="option"][data-label="Vue"]').click()
+                    late_card.locator('[data-testid="submit-answer"]').click()
+                # (With Redis the event arrives live over /ws/mobile and the card turns on its own.)
+                late_card.locator('[data-testid="question-state"]', has_text="Answered on the desktop").wait_for(
+                    timeout=15_000)
             finally:
                 context.close()
     finally:
@@ -57,6 +89,7 @@ def test_tapping_an_option_on_the_phone_page_answers_the_question(tmp_path, clie
     assert answer.answers == {"Which framework?": ["Vue"], "Which checks should run?": ["Lint", "Tests"]}
     assert answer.other == {"Which framework?": "with Pinia"}
     assert Question.objects.get(pk=question.pk).state == "answered"
+    assert Answer.objects.get(question=late).via == "desktop"
     item = OutboxItem.objects.get(device=bridge, kind="mobile.answer")
     assert item.payload["question_id"] == str(question.pk)
     assert item.payload["answers"] == answer.answers and item.payload["other"] == answer.other
