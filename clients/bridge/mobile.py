@@ -212,6 +212,10 @@ class MobileBridge:
         session = self.store.session(session_id)
         if session and session["ended"]:
             return {"skip": "session_ended"}
+        if self.switch is False:
+            # The platform told us (mobile.switch, sent on every connect and change): stay out of the way.
+            self.audit.write("question.skipped", session_id=session_id, tool_use_id=tool_use_id, code=MOBILE_REPLY_OFF)
+            return {"skip": MOBILE_REPLY_OFF}
         if tool_use_id:
             existing = self.store.question_for_tool_use(tool_use_id)
             if existing and existing["state"] in OPEN_STATES:
@@ -242,7 +246,7 @@ class MobileBridge:
                     "session_id": session_id,
                     "tool_use_id": tool_use_id,
                     "questions": questions,
-                    "window_sec": int(window),
+                    "window_sec": max(1, int(-(-window // 1))),  # whole seconds, rounded up
                 },
                 timeout=min(QUESTION_CALL_TIMEOUT, window),
             )

@@ -140,6 +140,12 @@ async def test_switch_off_on_the_platform_means_no_question(bridge):
     assert await bridge.dispatch("pre-tool-use", ask_body()) == {"skip": "mobile_reply_off"}
     assert bridge.switch is False
     assert events(bridge) == ["question.ask", "question.refused"]
+    # Told that the switch is off, the bridge no longer asks the platform at all.
+    assert await bridge.dispatch("pre-tool-use", ask_body(tool_use_id="toolu_2")) == {"skip": "mobile_reply_off"}
+    assert bridge.tunnel.methods().count("mobile.question") == 1
+    await bridge.on_switch({"enabled": True})
+    del bridge.tunnel.results["mobile.question"]
+    assert "question_id" in await bridge.dispatch("pre-tool-use", ask_body(tool_use_id="toolu_3"))
 
 
 async def test_platform_unreachable_means_no_question_and_a_later_moved_report(bridge):
