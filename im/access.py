@@ -1,30 +1,20 @@
-"""Who may open a browser WebSocket. WebSockets bypass OTPMiddleware, so verification is checked here."""
+"""Who may use the people-facing pages and sockets. WebSockets bypass OTPMiddleware, so the
+accounts rule (``otp_session_ok``) is applied here; HTTP uses what OTPMiddleware resolved."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django_otp import DEVICE_ID_SESSION_KEY, user_has_device
-from django_otp.models import Device as OtpDevice
+from ai1net.accounts.selectors import otp_session_ok, user_needs_otp
 
 
 def otp_satisfied(user: Any, session: Any) -> bool:
-    """True when the user has no confirmed OTP device, or this session was verified with one of theirs."""
-    if not user_has_device(user, confirmed=True):
-        return True
-    persistent_id = session.get(DEVICE_ID_SESSION_KEY) if session is not None else None
-    if not persistent_id:
-        return False
-    if persistent_id.count(".") > 1:  # legacy full import path, as django_otp normalises it
-        parts = persistent_id.split(".")
-        persistent_id = ".".join((parts[-3], parts[-1]))
-    device = OtpDevice.from_persistent_id(persistent_id)
-    return device is not None and device.user_id == user.pk and device.confirmed
+    """True when the user has no two-factor, or this session was verified with one of their devices."""
+    return otp_session_ok(user, session)
 
 
 def http_otp_satisfied(request: Any) -> bool:
-    """The same rule for HTTP, where OTPMiddleware has already resolved ``user.otp_device``."""
     user = request.user
-    if not user_has_device(user, confirmed=True):
+    if not user_needs_otp(user):
         return True
     return bool(getattr(user, "is_verified", lambda: False)())
