@@ -164,6 +164,13 @@ class Inbox:
         ).fetchall()
         return [(int(seq), kind, json.loads(payload)) for seq, kind, payload in rows]
 
+    def prune(self, *, older_than_sec: float = 7 * 86400) -> int:
+        """Forget handled items after a while; the applied seq lives in its own table, so resume is kept."""
+        cursor = self.db.execute(
+            "DELETE FROM inbox WHERE handled_at IS NOT NULL AND received_at < ?", (time.time() - older_than_sec,)
+        )
+        return cursor.rowcount
+
     def close(self) -> None:
         self.db.close()
 
@@ -257,6 +264,7 @@ class BridgeDaemon:
     async def run(self) -> int:
         load_extensions()
         self.inbox = Inbox(self.home / INBOX_FILE, self.credential.device_id)
+        self.inbox.prune()
         self.tunnel = Tunnel(
             self.credential.url,
             self.credential.token,

@@ -159,7 +159,7 @@ class Tunnel:
                     established, close_code = await self._connect_once()
                 except FinalCloseError:
                     raise
-                except (OSError, asyncio.TimeoutError, ConnectionClosed, InvalidStatus) as exc:
+                except (OSError, asyncio.TimeoutError, ConnectionClosed, InvalidStatus, RemoteError) as exc:
                     log.warning("tunnel to %s: %s", self.ws_url, _describe(exc))
                 except Exception:
                     log.exception("tunnel to %s failed", self.ws_url)

@@ -194,3 +194,14 @@ async def test_pair_denied_saves_nothing(tmp_path):
 async def test_help(argv):
     code, out, _ = await cli(*argv)
     assert code == 0 and "--home" in out
+
+
+def test_pruning_old_items_keeps_the_applied_seq(tmp_path):
+    inbox = Inbox(tmp_path / "bridge.sqlite3", "dev-a")
+    inbox.record(1, "k", {})
+    inbox.record(2, "k", {})
+    inbox.mark_handled(1)
+    assert inbox.prune(older_than_sec=0) == 1  # 2 is not handled yet: kept
+    assert [seq for seq, _, _ in inbox.items()] == [2] and inbox.applied_seq() == 2
+    inbox.close()
+    assert Inbox(tmp_path / "bridge.sqlite3", "dev-a").applied_seq() == 2
