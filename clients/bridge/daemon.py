@@ -263,6 +263,7 @@ class BridgeDaemon:
 
     async def run(self) -> int:
         load_extensions()
+        self._handler_lock = asyncio.Lock()
         self.inbox = Inbox(self.home / INBOX_FILE, self.credential.device_id)
         self.inbox.prune()
         self.tunnel = Tunnel(
@@ -307,9 +308,15 @@ class BridgeDaemon:
     async def _on_deliver(self, seq: int, kind: str, payload: Dict[str, Any]) -> None:
         assert self.inbox is not None
         if self.inbox.record(seq, kind, payload):
-            await self._handle(seq, kind, payload)
+            # Shielded: a dropped connection must not cut a handler off half-way (the item is already
+            # stored as applied, so nothing would run it again before a restart).
+            await asyncio.shield(self._handle(seq, kind, payload))
 
     async def _handle(self, seq: int, kind: str, payload: Dict[str, Any]) -> None:
+        async with self._handler_lock:  # in seq order, even across a reconnect
+            await self._run_handler(seq, kind, payload)
+
+    async def _run_handler(self, seq: int, kind: str, payload: Dict[str, Any]) -> None:
         assert self.inbox is not None
         handler = _kind_handlers.get(kind)
         error = None

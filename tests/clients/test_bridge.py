@@ -205,3 +205,27 @@ def test_pruning_old_items_keeps_the_applied_seq(tmp_path):
     assert [seq for seq, _, _ in inbox.items()] == [2] and inbox.applied_seq() == 2
     inbox.close()
     assert Inbox(tmp_path / "bridge.sqlite3", "dev-a").applied_seq() == 2
+
+
+async def test_a_dropped_connection_does_not_cut_a_handler_off(tmp_path, core):
+    release = asyncio.Event()
+    finished = []
+
+    async def slow(daemon, seq, payload):
+        await release.wait()
+        finished.append(seq)
+
+    core.register_kind("mobile.answer", slow)
+    async with FakeTunnelServer() as server:
+        server.items = [(1, "mobile.answer", {})]
+        daemon = BridgeDaemon(tmp_path, credential(server))
+        task = asyncio.ensure_future(daemon.run())
+        await until(lambda: daemon.inbox is not None and daemon.inbox.applied_seq() == 1)
+        server.current.transport.abort()  # the line drops while the handler waits
+        await until(lambda: len(server.hellos) == 2, message="reconnect")
+        release.set()
+        await until(lambda: finished == [1])
+        await until(lambda: daemon.inbox.unhandled() == [])
+        daemon.stop()
+        await asyncio.wait_for(task, 10)
+    assert server.hellos[1]["ackedSeq"] == 1
