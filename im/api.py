@@ -8,8 +8,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ai1net.exceptions import ValidationFailed
+from ai1net.exceptions import Forbidden, ValidationFailed
 from im import selectors, services
+from im.access import http_otp_satisfied
 from im.events import message_data, panel_data
 from im.models import Room
 
@@ -28,8 +29,13 @@ def room_data(room: Room) -> dict:
 
 
 class ImView(APIView):
-    # People, not agent tokens, read and act in rooms.
+    # People, not agent tokens, read and act in rooms; two-factor users with a verified session.
     authentication_classes = [SessionAuthentication]
+
+    def initial(self, request: Request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        if not http_otp_satisfied(request):
+            raise Forbidden("Verify your sign-in with your one-time code first.", code="otp_required")
 
 
 class RoomListView(ImView):

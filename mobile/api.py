@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ai1net.accounts.selectors import mobile_reply_active
-from ai1net.exceptions import NotFound
+from ai1net.exceptions import Forbidden, NotFound
 from im.access import http_otp_satisfied
 from mobile import selectors, services
 
@@ -26,8 +26,10 @@ class MobileView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        if not mobile_reply_active(request.user) or not http_otp_satisfied(request):
+        if not mobile_reply_active(request.user):
             raise NotFound()
+        if not http_otp_satisfied(request):
+            raise Forbidden("Verify your sign-in with your one-time code first.", code="otp_required")
 
 
 class PendingView(MobileView):

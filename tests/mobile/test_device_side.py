@@ -212,3 +212,16 @@ def test_a_reconnecting_bridge_is_not_told_twice(bridge, mobile_user):
     bridge.owner.refresh_from_db()
     device_connected.send(sender=type(bridge), device=bridge, hello={})
     assert [item.payload for item in outbox(bridge, "mobile.switch")] == [{"enabled": True}, {"enabled": False}]
+
+
+def test_an_unverified_two_factor_session_is_sent_to_verify(phone, bridge, mobile_user):
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    question, _ = ask(bridge)
+    TOTPDevice.objects.create(user=mobile_user, name="phone", confirmed=True)
+    page = phone.get("/m/")
+    assert page.status_code == 302 and "/accounts/login/" in page["Location"]
+    response = phone.get("/api/mobile/pending")
+    assert response.status_code == 403 and response.json()["error"] == "otp_required"
+    rooms = phone.get(f"/api/im/rooms/{question.room_id}/messages")
+    assert rooms.status_code == 403 and rooms.json()["error"] == "otp_required"
