@@ -17,7 +17,7 @@ class AgentSession(models.Model):
 
     device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="agent_sessions")
     session_id = models.CharField(max_length=200)
-    room = models.ForeignKey("im.Room", on_delete=models.PROTECT, related_name="+")
+    room = models.ForeignKey("im.Room", on_delete=models.CASCADE, related_name="+")
     cwd = models.CharField(max_length=1000, blank=True)
     host = models.CharField(max_length=255, blank=True)
     source = models.CharField(max_length=32, blank=True)
@@ -54,7 +54,7 @@ class Question(models.Model):
     id = models.UUIDField(primary_key=True, editable=False)
     device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="questions")
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="questions")
-    room = models.ForeignKey("im.Room", on_delete=models.PROTECT, related_name="+")
+    room = models.ForeignKey("im.Room", on_delete=models.CASCADE, related_name="+")
     panel = models.ForeignKey("im.Panel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     tool_use_id = models.CharField(max_length=200, blank=True)
     questions = models.JSONField()

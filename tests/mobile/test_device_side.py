@@ -225,3 +225,9 @@ def test_an_unverified_two_factor_session_is_sent_to_verify(phone, bridge, mobil
     assert response.status_code == 403 and response.json()["error"] == "otp_required"
     rooms = phone.get(f"/api/im/rooms/{question.room_id}/messages")
     assert rooms.status_code == 403 and rooms.json()["error"] == "otp_required"
+
+
+def test_deleting_a_user_takes_their_sessions_rooms_and_questions(bridge, mobile_user):
+    ask(bridge)
+    mobile_user.delete()
+    assert Question.objects.count() == 0 and AgentSession.objects.count() == 0 and Room.objects.count() == 0
