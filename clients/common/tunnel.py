@@ -187,6 +187,8 @@ class Tunnel:
         """Device -> platform request. Waits across reconnects and resends with the same id, so the
         platform answers a retry from its stored first result. Raises RemoteError, asyncio.TimeoutError."""
         request_id = str(uuid.uuid4())
+        if len(protocol.request(method, params or {}, request_id).encode("utf-8")) > protocol.MAX_FRAME_BYTES:
+            raise ValueError(f"{method}: the request is larger than {protocol.MAX_FRAME_BYTES} bytes")
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
         self._pending_calls[request_id] = (method, dict(params or {}))

@@ -221,6 +221,8 @@ async def test_call_waits_for_the_tunnel_and_surfaces_remote_errors():
         with pytest.raises(asyncio.TimeoutError):
             server.on_request = lambda ws, m: None
             await tunnel.call("never.answered", {}, timeout=0.2)
+        with pytest.raises(ValueError, match="larger than"):
+            await tunnel.call("too.big", {"blob": "x" * protocol.MAX_FRAME_BYTES}, timeout=1)
         await finish(tunnel, task)
 
 
