@@ -139,7 +139,8 @@ class HttpStream:
 
     async def run(self) -> None:
         layer = get_channel_layer()
-        reply = await layer.new_channel("dweb.")
+        # No custom prefix: channels-redis reads every process-local channel from one list per prefix.
+        reply = await layer.new_channel()
         self.link = streams.TunnelLink(layer, self.device.channel_name, reply)
         self.layer, self.reply = layer, reply
         prefix = streams.prefix_of(self.device.pk, self.port)
