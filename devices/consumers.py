@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 WINDOW = 256  # unacked deliveries in flight per connection
 ABUSE_LIMIT = 20  # malformed frames ...
 ABUSE_WINDOW_SEC = 10.0  # ... within this many seconds close the tunnel with 4400
-SEEN_WRITE_SEC = 60.0  # last_seen_at is written at most this often while connected
+SEEN_WRITE_SEC = 120.0  # last_seen_at is written at most this often while connected
 GROUP_REFRESH_SEC = 3600.0  # re-join the group well before the layer's group expiry (1 day)
 MAX_LIST = 200
 
@@ -329,8 +329,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                         return
                     continue
                 await self._send_safely(protocol.notification(protocol.HEARTBEAT))
-                status = await database_sync_to_async(services.device_status)(device_id=self.device.pk)
-                if status != Device.Status.ACTIVE:  # the revocation doorbell may have been lost
+                # One indexed read per beat: the revocation or a doorbell may have been lost.
+                status, next_seq = await database_sync_to_async(selectors.device_tick_state)(device_id=self.device.pk)
+                if status != Device.Status.ACTIVE:
                     await self._close(protocol.CLOSE_REVOKED)
                     return
                 if now - self.last_seen_write >= min(SEEN_WRITE_SEC, beat * 3):
@@ -340,7 +341,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 if now - self.group_added_at > GROUP_REFRESH_SEC:
                     await self.channel_layer.group_add(events.device_group(self.device.pk), self.channel_name)
                     self.group_added_at = now
-                await self._pump()
+                if next_seq - 1 > self.last_sent:
+                    await self._pump()
         except asyncio.CancelledError:
             raise
         except Exception:

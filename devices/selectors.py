@@ -39,3 +39,9 @@ def outbox_unacked_after(*, device_id: Any, after_seq: int, limit: int) -> list[
         .order_by("seq")
         .values_list("seq", "kind", "payload")[:limit]
     )
+
+
+def device_tick_state(*, device_id: Any) -> tuple[str | None, int]:
+    """(status, next_seq) for the tunnel's heartbeat check; (None, 0) when the device is gone."""
+    row = Device.objects.filter(pk=device_id).values_list("status", "next_seq").first()
+    return row if row is not None else (None, 0)

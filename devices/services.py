@@ -345,10 +345,6 @@ def device_seen(*, device_id: Any, channel_name: str) -> None:
     Device.objects.filter(pk=device_id, channel_name=channel_name).update(last_seen_at=timezone.now())
 
 
-def device_status(*, device_id: Any) -> str | None:
-    return Device.objects.filter(pk=device_id).values_list("status", flat=True).first()
-
-
 # --- durable outbox ---------------------------------------------------------------------------
 
 def _ring_once_per_commit(device_id: Any) -> None:
