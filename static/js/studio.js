@@ -17,7 +17,7 @@
     status: document.getElementById("form-status"),
   };
   const POLL_MS = 2500;
-  const state = { probe: null, roomId: null, after: 0, socket: null, pollTimer: null, busy: false };
+  const state = { probe: null, roomId: null, after: 0, socket: null, pollTimer: null, busy: false, again: false };
 
   // --- HTTP -------------------------------------------------------------------------------------
   function csrfToken() {
@@ -284,7 +284,7 @@
   }
 
   async function refresh() {
-    if (state.busy) return;
+    if (state.busy) { state.again = true; return; }  // an event during a load: load once more after it
     state.busy = true;
     try {
       await Promise.all([loadApprovals(), loadCommands(), loadMessages()]);
@@ -292,6 +292,7 @@
       if (err.status === 401 || err.status === 403) window.location.reload();
     } finally {
       state.busy = false;
+      if (state.again) { state.again = false; refresh(); }
     }
   }
 
