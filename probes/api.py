@@ -6,6 +6,8 @@ import logging
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -14,7 +16,7 @@ from ai1net.accounts.models import ApiToken
 from ai1net.exceptions import Forbidden, ValidationFailed
 from im.access import http_otp_satisfied
 from probes import selectors, services
-from probes.models import ProbeCommand
+from probes.models import ALL_OPS, ProbeCommand
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,51 @@ def _studio_room_id(user: Any, device: Any) -> Any:
         return None
 
 
+# --- schema only (the gateway validates in probes.ops and names the field on a 400) ---------------
+
+class ProbeOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    online = serializers.BooleanField()
+    hostname = serializers.CharField()
+    roots = serializers.ListField(child=serializers.CharField())
+    modes = serializers.ListField(child=serializers.ChoiceField(choices=["write", "exec"]))
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+
+
+class CommandIn(serializers.Serializer):
+    op = serializers.ChoiceField(choices=sorted(ALL_OPS))
+    args = serializers.DictField(help_text="path, offset/limit (read), depth (read_tree), pattern/glob (grep), "
+                                           "content or diff (write), argv/cwd/timeout (run).")
+    wait = serializers.FloatField(required=False, help_text=f"seconds to wait for the end (default "
+                                                             f"{DEFAULT_WAIT_SEC:g}, at most {MAX_WAIT_SEC:g})")
+
+
+class ErrorOut(serializers.Serializer):
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+
+class CommandOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    op = serializers.CharField()
+    args = serializers.DictField()
+    args_hash = serializers.CharField()
+    state = serializers.ChoiceField(choices=ProbeCommand.State.values)
+    preview = serializers.CharField(required=False, help_text="writes: the diff shown before approval")
+    result = serializers.JSONField(required=False, help_text="when done")
+    error = ErrorOut(required=False, help_text="when failed, rejected or expired")
+
+
+class DecisionIn(serializers.Serializer):
+    args_hash = serializers.CharField(required=False, help_text="the args_hash you were shown")
+    wait = serializers.FloatField(required=False)
+
+
+WAIT_PARAM = OpenApiParameter("wait", float, description="long-poll up to this many seconds (at most 60)")
+FINAL_OR_NOT = {200: CommandOut, 202: CommandOut}
+
+
 def _is_agent(request: Request) -> bool:
     return isinstance(request.auth, ApiToken)
 
@@ -67,22 +114,26 @@ class ProbesView(APIView):
 
 
 class ProbeListApi(ProbesView):
+    @extend_schema(responses=ProbeOut(many=True))
     def get(self, request: Request) -> Response:
         return Response([selectors.probe_describe(d) for d in selectors.probes_for_user(user=request.user)])
 
 
 class ProbeDetailApi(ProbesView):
+    @extend_schema(responses=ProbeOut)
     def get(self, request: Request, probe: str) -> Response:
         device = selectors.probe_access(user=request.user, probe=probe)
         return Response({**selectors.probe_describe(device), "room_id": _studio_room_id(request.user, device)})
 
 
 class ProbeCommandsApi(ProbesView):
+    @extend_schema(responses=CommandOut(many=True))
     def get(self, request: Request, probe: str) -> Response:
         device = selectors.probe_access(user=request.user, probe=probe)
         commands = selectors.commands_for_probe(user=request.user, device=device)
         return Response([selectors.command_describe(c) for c in commands])
 
+    @extend_schema(request=CommandIn, responses=FINAL_OR_NOT)
     def post(self, request: Request, probe: str) -> Response:
         if not isinstance(request.data, dict):
             raise ValidationFailed("The body must be a JSON object with op, args and wait.")
@@ -98,6 +149,7 @@ class ProbeCommandsApi(ProbesView):
 
 
 class CommandDetailApi(ProbesView):
+    @extend_schema(parameters=[WAIT_PARAM], responses=FINAL_OR_NOT)
     def get(self, request: Request, command_id: Any) -> Response:
         # `?wait=N` long-polls, through the owner's decision too.
         wait = _wait(request.query_params.get("wait"), 0.0)
@@ -106,6 +158,7 @@ class CommandDetailApi(ProbesView):
 
 
 class CommandApproveApi(ProbesView):
+    @extend_schema(request=DecisionIn, responses=FINAL_OR_NOT)
     def post(self, request: Request, command_id: Any) -> Response:
         if _is_agent(request) and not settings.PROBES_TOKEN_APPROVALS:
             # The gateway stands between the agent and the machine: the agent cannot wave itself through.
@@ -123,6 +176,7 @@ class CommandApproveApi(ProbesView):
 
 
 class CommandRejectApi(ProbesView):
+    @extend_schema(request=None, responses=CommandOut)
     def post(self, request: Request, command_id: Any) -> Response:
         command = services.command_reject(user=request.user, command_id=command_id, ip=_ip(request))
         return _command_response(command)
@@ -131,6 +185,7 @@ class CommandRejectApi(ProbesView):
 class ApprovalsApi(ProbesView):
     """What waits for my decision: for Studio and the phone page."""
 
+    @extend_schema(responses=CommandOut(many=True))
     def get(self, request: Request) -> Response:
         services.commands_expire()
         return Response([selectors.command_describe(c) for c in selectors.approvals_for_user(user=request.user)])
