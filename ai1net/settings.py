@@ -125,6 +125,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+    # Keep each worker thread's connection: closing the last one checkpoints the WAL with fsyncs,
+    # which made every tunnel write cost 20-30 ms (bench/tunnel.py).
+    DATABASES["default"]["CONN_MAX_AGE"] = None
     # A file, not :memory:, so the real processes that end-to-end tests start can share it;
     # one per test run (pid), so runs side by side never share a database.
     DATABASES["default"]["TEST"] = {
