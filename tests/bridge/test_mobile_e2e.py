@@ -129,6 +129,15 @@ class Desk:
     def hook_async(self, event: dict, *args: str) -> Future:
         return self.pool.submit(self.hook, event, *args)
 
+    def waiting(self) -> list[str]:
+        """Questions a hook is long-polling the daemon for (so it is past the ask: a kill is no race)."""
+        from clients.bridge.hook import Daemon
+
+        try:
+            return Daemon(str(self.home)).post("health", {}, timeout=2).get("waiting", [])
+        except Exception:
+            return []
+
     def audit(self) -> list[str]:
         return [e["event"] for e in AuditLog(self.home / "audit.jsonl").entries()]
 
@@ -285,7 +294,7 @@ def test_bridge_killed_while_an_answer_is_pending_delivers_it_once(world):
     start_session(desk)
     hook = desk.hook_async(ask([FRAMEWORK]))
     [question] = pending(session)
-    wait_until(lambda: "question.ask" in desk.audit())
+    wait_until(lambda: question["question_id"] in desk.waiting(), timeout=15, message="the hook waiting")
     desk.kill()
     wait_until(lambda: not Device.objects.get(pk=desk.device_id).is_online, timeout=30, message="offline")
     assert answer(session, question, {"Which framework?": ["React"]}).status_code == 200
@@ -302,6 +311,7 @@ def test_daphne_restarted_while_an_answer_is_pending_delivers_it_once(world):
     start_session(desk)
     hook = desk.hook_async(ask([FRAMEWORK]))
     [question] = pending(session)
+    wait_until(lambda: question["question_id"] in desk.waiting(), timeout=15, message="the hook waiting")
     server.restart()
     assert answer(session, question, {"Which framework?": ["Vue"]}).status_code == 200
     output = hook.result(60)
