@@ -541,7 +541,7 @@ def install(core: Any) -> None:
         daemon.web = WebForwarder(
             getattr(daemon, "expose", []),
             lambda method, params, generation: tunnel.notify(method, params, generation=generation),
-            lambda: tunnel.connections,
+            lambda: tunnel.sessions,
             audit,
         )
         if daemon.web.ports:

@@ -141,6 +141,8 @@ class Tunnel:
         self.hello_reply: Dict[str, Any] = {}
         self.device_id: Optional[str] = None
         self.connections = 0  # sessions that completed hello, for status and tests
+        self.sessions = 0  # connections that sent hello; what the platform sends is tied to one of them
+        self._session_ws: Any = None
 
     # --- public ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -202,9 +204,9 @@ class Tunnel:
 
     async def notify(self, method: str, params: Dict[str, Any], *, generation: Optional[int] = None) -> bool:
         """Send a notification now; False when there is no live connection (or it is no longer the
-        ``generation``-th one: a stream's frames must not leak into the next connection)."""
-        ws = self._ws
-        if ws is None or not self.connected.is_set() or (generation is not None and generation != self.connections):
+        ``generation``-th one, see ``sessions``: a stream's frames must not leak into the next connection)."""
+        ws = self._session_ws
+        if ws is None or (generation is not None and generation != self.sessions):
             return False
         try:
             await ws.send(protocol.notification(method, params))
@@ -252,6 +254,8 @@ class Tunnel:
         hello_id = str(uuid.uuid4())
         hello_future = loop.create_future()
         self._waiters[hello_id] = hello_future
+        self.sessions += 1
+        self._session_ws = ws  # frames the platform sends after hello may arrive before hello's reply is read
         reader = asyncio.ensure_future(self._reader(ws, deliveries))
         tasks = [reader]
         try:
@@ -293,6 +297,7 @@ class Tunnel:
             if stopper in done:
                 await ws.close(protocol.CLOSE_NORMAL, "device stopping")
         finally:
+            self._session_ws = None
             self._waiters.pop(hello_id, None)
             for task in tasks + list(self._request_tasks):
                 task.cancel()

@@ -1,0 +1,173 @@
+"""The bridge's side of device web on its own, against a platform that asks for what it must not get:
+the device forwards only to 127.0.0.1 and only to the ports its owner exposed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import uuid
+
+import pytest
+from websockets.asyncio.server import serve
+
+from clients import protocol
+from clients.bridge.web import WebForwarder
+from clients.common.credentials import Credential, save_credential
+from tests.deviceweb.support import client_env, web_port
+from tests.e2e_support import Process
+
+TOKEN = "test-token"
+
+
+class TrickedPlatform:
+    """A tunnel endpoint that says hello and then sends whatever web.* frames the test crafts."""
+
+    def __init__(self) -> None:
+        self.frames: asyncio.Queue = asyncio.Queue()
+        self.ws = None
+        self.hello: dict = {}
+        self.connected = asyncio.Event()
+
+    async def handle(self, ws) -> None:
+        if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            await ws.close(protocol.CLOSE_UNAUTHORIZED)
+            return
+        hello = protocol.parse(await ws.recv())
+        self.hello = hello["params"]
+        await ws.send(protocol.result(hello["id"], {"deviceId": "d1", "heartbeatSec": 20, "protocolVersion": 1,
+                                                    "resendFrom": 1}))
+        self.ws = ws
+        self.connected.set()
+        async for text in ws:
+            message = protocol.parse(text)
+            if message.get("method", "").startswith("web."):
+                await self.frames.put(message)
+
+    async def open(self, frame: str, **params) -> str:
+        stream = uuid.uuid4().hex
+        await self.ws.send(protocol.notification(frame, dict(params, stream=stream)))
+        return stream
+
+    async def next_for(self, stream: str, timeout: float = 10) -> dict:
+        while True:
+            message = await asyncio.wait_for(self.frames.get(), timeout)
+            if message["params"].get("stream") == stream:
+                return message
+
+
+async def listener(port: int, seen: list) -> asyncio.AbstractServer:
+    async def on_connect(reader, writer) -> None:
+        seen.append(port)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(on_connect, "127.0.0.1", port)
+
+
+@pytest.mark.e2e
+async def test_a_real_bridge_refuses_an_undeclared_port_even_when_the_platform_asks(tmp_path):
+    exposed, other = web_port(), web_port()
+    seen: list[int] = []
+    servers = [await listener(exposed, seen), await listener(other, seen)]
+    platform = TrickedPlatform()
+    async with serve(platform.handle, "127.0.0.1", 0, max_size=protocol.MAX_FRAME_BYTES) as tunnel_server:
+        url = f"http://127.0.0.1:{tunnel_server.sockets[0].getsockname()[1]}"
+        home = tmp_path / "home"
+        save_credential(home, Credential(url=url, device_id="d1", token=TOKEN, kind="bridge", name="desk"))
+        bridge = Process([sys.executable, "-m", "clients.bridge", "--home", str(home), "run", "--expose", str(exposed)],
+                         tmp_path / "bridge.log", env=client_env())
+        try:
+            await asyncio.wait_for(platform.connected.wait(), 30)
+            assert platform.hello["ports"] == [exposed] and "device_web" in platform.hello["capabilities"]
+            request = {"method": "GET", "path": "/", "query": "", "headers": [], "body": False}
+
+            stream = await platform.open(protocol.WEB_OPEN, port=other, **request)
+            reset = await platform.next_for(stream)
+            assert reset["method"] == protocol.WEB_RESET
+            assert reset["params"]["reason"] == protocol.WEB_RESET_PORT_NOT_EXPOSED
+            stream = await platform.open(protocol.WEB_WS_OPEN, port=other, path="/", query="", headers=[])
+            assert (await platform.next_for(stream))["params"]["reason"] == protocol.WEB_RESET_PORT_NOT_EXPOSED
+            stream = await platform.open(protocol.WEB_OPEN, port=22, **request)  # not even in 20000-20999
+            assert (await platform.next_for(stream))["params"]["reason"] == protocol.WEB_RESET_PORT_NOT_EXPOSED
+            # Request smuggling through the path or a header is refused too.
+            stream = await platform.open(protocol.WEB_OPEN, **dict(request, port=exposed, path="/ HTTP/1.1\r\nX: y"))
+            assert (await platform.next_for(stream))["params"]["reason"] == protocol.WEB_RESET_BAD_REQUEST
+            stream = await platform.open(protocol.WEB_OPEN, **dict(request, port=exposed,
+                                                                   headers=[["X-A", "1\r\nHost: evil"]]))
+            assert (await platform.next_for(stream))["params"]["reason"] == protocol.WEB_RESET_BAD_REQUEST
+            assert seen == []  # nothing reached either local server
+
+            stream = await platform.open(protocol.WEB_OPEN, port=exposed, **request)
+            response = await platform.next_for(stream)
+            assert response["method"] == protocol.WEB_RESPONSE and response["params"]["status"] == 200
+            data = await platform.next_for(stream)
+            assert base64.b64decode(data["params"]["data"]) == b"hello"
+            assert (await platform.next_for(stream))["method"] == protocol.WEB_END
+            assert seen == [exposed]
+
+            audit = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+            refused = [entry for entry in audit if entry["event"] == "web.refused"]
+            assert [entry["port"] for entry in refused] == [other, other, 22]
+        finally:
+            bridge.stop()
+            for server in servers:
+                server.close()
+
+
+async def test_credit_bounds_what_the_device_sends_and_a_slow_platform_stalls_one_stream():
+    """Without credit back, a stream stops at the window; another stream on the same tunnel goes on."""
+    port = web_port()
+    size = 5 * protocol.WEB_WINDOW_BYTES
+
+    async def big(reader, writer) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(big, "127.0.0.1", port)
+    sent: list[tuple[str, dict]] = []
+    progress = asyncio.Event()
+
+    async def notify(method: str, params: dict, generation: int) -> bool:
+        sent.append((method, params))
+        progress.set()
+        return True
+
+    forwarder = WebForwarder([port], notify, lambda: 1)
+    request = {"method": "GET", "path": "/", "query": "", "headers": [], "body": False, "port": port}
+    try:
+        forwarder.handle(protocol.WEB_OPEN, dict(request, stream="slow"))
+        forwarder.handle(protocol.WEB_OPEN, dict(request, stream="fast"))
+
+        def data_bytes(stream: str) -> int:
+            return sum(len(base64.b64decode(p["data"])) for m, p in sent if m == protocol.WEB_DATA and p["stream"] == stream)
+
+        async def until(condition) -> None:
+            while not condition():
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), 10)
+
+        # The "fast" stream gets credit for each frame as it arrives; "slow" never does.
+        credited = 0
+        while not any(m == protocol.WEB_END and p["stream"] == "fast" for m, p in sent):
+            fast = [p for m, p in sent if m == protocol.WEB_DATA and p["stream"] == "fast"]
+            for params in fast[credited:]:
+                cost = protocol.web_frame_cost(len(base64.b64decode(params["data"])))
+                forwarder.handle(protocol.WEB_CREDIT, {"stream": "fast", "bytes": cost})
+            if len(fast) == credited:
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), 10)
+            credited = len(fast)
+        await until(lambda: any(m == protocol.WEB_END and p["stream"] == "fast" for m, p in sent))
+        assert data_bytes("fast") == size
+        assert data_bytes("slow") == protocol.WEB_WINDOW_BYTES  # stopped exactly at the window
+    finally:
+        await forwarder.close()
+        server.close()

@@ -1,0 +1,165 @@
+"""The four gates of device web, in order, for HTTP and WebSocket (in process, no device needed:
+every request here is answered before anything is sent to a tunnel)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import HttpCommunicator, WebsocketCommunicator
+from django.test import Client
+
+from ai1net.asgi import application
+from ai1net.exceptions import ApplicationError
+from devices import services
+from devices.models import Device
+from devices.web.gates import check_device_web
+from tests.accounts.helpers import totp_device
+from tests.deviceweb.support import enable_device_web
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PORT = 20001
+
+
+def online_bridge(owner, *, ports=(PORT,), kind=Device.Kind.BRIDGE, name="desk") -> Device:
+    device, _ = services.device_create(owner=owner, name=name, kind=kind)
+    Device.objects.filter(pk=device.pk).update(channel_name="specific.test!nobody", ports=list(ports))
+    return Device.objects.get(pk=device.pk)
+
+
+def session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def get(path: str, *, cookie: bytes | None = None, html: bool = False, headers=()) -> tuple[int, dict, bytes]:
+    return async_to_sync(_get)(path, cookie=cookie, html=html, headers=headers)
+
+
+async def _get(path: str, *, cookie: bytes | None, html: bool, headers) -> tuple[int, dict, bytes]:
+    sent = [(b"host", b"127.0.0.1"), *headers]
+    if cookie:
+        sent.append((b"cookie", cookie))
+    sent.append((b"accept", b"text/html,application/xhtml+xml" if html else b"application/json"))
+    comm = HttpCommunicator(application, "GET", path, headers=sent)
+    response = await comm.get_response(timeout=5)
+    return response["status"], {k.decode(): v.decode() for k, v in response["headers"]}, response["body"]
+
+
+def error_of(body: bytes) -> str:
+    return json.loads(body)["error"]
+
+
+def test_each_gate_answers_in_order(user, other_user, settings):
+    enable_device_web(user)
+    device = online_bridge(user)
+    cookie = session_cookie(user)
+    path = f"/d/{device.pk}/{PORT}/app?x=1"
+
+    # 1. The platform switch comes first, whoever asks.
+    settings.DEVICE_WEB_ENABLED = False
+    status, _, body = get(path)
+    assert (status, error_of(body)) == (503, "device_web_off")
+    status, headers, body = get(path, cookie=cookie, html=True)
+    assert status == 503 and "switched off" in body.decode() and headers["content-type"].startswith("text/html")
+    settings.DEVICE_WEB_ENABLED = True
+
+    # 2. A session: none -> 401 for API callers, the login page (back here afterwards) for browsers.
+    status, _, body = get(path)
+    assert (status, error_of(body)) == (401, "not_authenticated")
+    status, headers, _ = get(path, html=True)
+    assert status == 302 and headers["location"] == f"/accounts/login/?next=/d/{device.pk}/{PORT}/app%3Fx%3D1"
+
+    # ... the owner's own device: someone else's (or an unknown one) is not there at all.
+    enable_device_web(other_user)
+    stranger = session_cookie(other_user)
+    status, _, body = get(path, cookie=stranger)
+    assert (status, error_of(body)) == (404, "not_found")
+    assert (get(f"/d/{uuid.uuid4()}/{PORT}/", cookie=cookie))[0] == 404
+    assert (get(f"/d/not-a-uuid/{PORT}/", cookie=cookie))[0] == 404
+
+    # ... with the user's own switch on: off -> 404, as if device web did not exist for them.
+    user.device_web_enabled = False
+    user.save(update_fields=["device_web_enabled"])
+    assert (get(path, cookie=cookie))[0] == 404
+    enable_device_web(user)
+
+    # 3. An active bridge: a probe or a revoked device -> 403 saying which.
+    probe = online_bridge(user, kind=Device.Kind.PROBE, name="probe")
+    status, _, body = get(f"/d/{probe.pk}/{PORT}/", cookie=cookie)
+    assert (status, error_of(body)) == (403, "not_a_bridge")
+    revoked = online_bridge(user, name="old")
+    Device.objects.filter(pk=revoked.pk).update(status=Device.Status.REVOKED)
+    status, _, body = get(f"/d/{revoked.pk}/{PORT}/", cookie=cookie)
+    assert (status, error_of(body)) == (403, "device_revoked")
+
+    # 4. Online, with that port declared: offline -> 503, an undeclared port -> 502, each with a plain page.
+    status, _, body = get(f"/d/{device.pk}/20002/", cookie=cookie)
+    assert (status, error_of(body)) == (502, "port_not_exposed")
+    status, _, body = get(f"/d/{device.pk}/20002/", cookie=cookie, html=True)
+    assert status == 502 and "does not expose port 20002" in body.decode() and "--expose 20002" in body.decode()
+    assert (get(f"/d/{device.pk}/8080/", cookie=cookie))[0] == 502  # outside 20000-20999, never served
+    Device.objects.filter(pk=device.pk).update(channel_name="")
+    status, _, body = get(path, cookie=cookie, html=True)
+    assert status == 503 and "offline" in body.decode()
+
+
+def test_an_unverified_two_factor_session_is_not_enough(user):
+    enable_device_web(user)
+    device = online_bridge(user)
+    totp_device(user)  # enrolled, but this session never entered a code
+    status, _, body = get(f"/d/{device.pk}/{PORT}/", cookie=session_cookie(user))
+    assert (status, error_of(body)) == (401, "otp_required")
+
+
+def test_a_request_body_over_the_cap_is_refused_up_front(user, settings):
+    enable_device_web(user)
+    device = online_bridge(user)
+    settings.DEVICE_WEB_MAX_REQUEST_BYTES = 1000
+    status, _, body = get(f"/d/{device.pk}/{PORT}/", cookie=session_cookie(user),
+                                headers=[(b"content-length", b"1001")])
+    assert (status, error_of(body)) == (413, "too_large")
+
+
+def test_websocket_handshakes_pass_the_same_gates(user, other_user):
+    enable_device_web(user)
+    enable_device_web(other_user)
+    device = online_bridge(user)
+
+    @async_to_sync
+    async def handshake(path: str, cookie: bytes | None) -> bool:
+        headers = [(b"host", b"127.0.0.1"), (b"origin", b"http://127.0.0.1")]
+        if cookie:
+            headers.append((b"cookie", cookie))
+        comm = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await comm.connect(timeout=5)
+        await comm.disconnect()
+        return connected
+
+    assert not handshake(f"/d/{device.pk}/{PORT}/ws", None)
+    assert not handshake(f"/d/{device.pk}/{PORT}/ws", session_cookie(other_user))
+    assert not handshake(f"/d/{device.pk}/20002/ws", session_cookie(user))
+    Device.objects.filter(pk=device.pk).update(channel_name="")
+    assert not handshake(f"/d/{device.pk}/{PORT}/ws", session_cookie(user))
+
+
+def test_check_device_web_is_one_function_with_a_fixed_order(user, other_user, settings):
+    enable_device_web(user)
+    device = online_bridge(user)
+    # The platform switch wins over everything after it, a missing user over ownership, and so on.
+    settings.DEVICE_WEB_ENABLED = False
+    with pytest.raises(ApplicationError) as caught:
+        check_device_web(None, device.pk, PORT)
+    assert caught.value.code == "device_web_off"
+    settings.DEVICE_WEB_ENABLED = True
+    with pytest.raises(ApplicationError) as caught:
+        check_device_web(None, device.pk, PORT)
+    assert caught.value.status == 401
+    with pytest.raises(ApplicationError) as caught:
+        check_device_web(other_user, device.pk, 20002)  # someone else's: 404 before any port talk
+    assert caught.value.status == 404
+    assert check_device_web(user, device.pk, str(PORT)).pk == device.pk
