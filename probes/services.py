@@ -208,7 +208,7 @@ def command_preview_build(*, command_id: Any) -> None:
         new = command.args["content"]
         preview = "".join(difflib.unified_diff(
             current.splitlines(keepends=True), new.splitlines(keepends=True),
-            fromfile=f"a/{path}" if current else "/dev/null", tofile=f"b/{path}",
+            fromfile=f"a/{path.lstrip('/')}" if current else "/dev/null", tofile=f"b/{path.lstrip('/')}",
         )) or "(no change)"
     ProbeCommand.objects.filter(pk=command.pk, state=State.AWAITING_APPROVAL).update(
         preview=preview[:PREVIEW_CHARS]
@@ -375,7 +375,7 @@ def _request_line(command: ProbeCommand) -> str:
 def _summary(command: ProbeCommand) -> str:
     line = _request_line(command)
     if command.state == State.AWAITING_APPROVAL:
-        return f"⏳ {line}: waiting for your approval"
+        return f"… {line}: waiting for your approval"
     if command.state == State.DONE:
         body = json.dumps(command.result, ensure_ascii=False, indent=1)
         if len(body) > ROOM_RESULT_CHARS:

@@ -223,6 +223,16 @@
   function onApprove(event) { decide(event.currentTarget, "approve"); }
   function onSkip(event) { decide(event.currentTarget, "reject"); }
 
+  const EXAMPLES = {
+    read: { path: "", offset: 1, limit: 200 }, read_tree: { path: "", depth: 2 }, grep: { pattern: "", glob: "*.py" },
+    stat: { path: "" }, ast_parse: { path: "" }, git_diff: { path: "" }, git_log: { path: "", limit: 20 },
+    ping: {}, info: {}, write: { path: "", content: "" }, run: { argv: [], cwd: "", timeout: 60 },
+    run_background: { argv: [], cwd: "" }, run_output: { handle: "" }, stop: { handle: "" },
+  };
+  els.op.addEventListener("change", () => {
+    els.args.value = JSON.stringify(EXAMPLES[els.op.value] || {});
+  });
+
   els.form.addEventListener("submit", async (event) => {
     event.preventDefault();
     if (!state.probe) { els.status.textContent = "Pick a probe first."; return; }
@@ -317,8 +327,8 @@
       const probe = await api(probeUrl(state.probe));
       state.roomId = probe.room_id;
       const modes = probe.modes.length ? probe.modes.join(", ") : "read-only";
-      els.info.textContent = (probe.online ? "online" : "offline") + " · " + (probe.hostname || "") +
-        " · roots: " + (probe.roots.join(", ") || "none") + " · " + modes;
+      els.info.textContent = [probe.online ? "online" : "offline", probe.hostname,
+        "roots: " + (probe.roots.join(", ") || "none"), modes].filter(Boolean).join(" · ");
     } catch (err) {
       els.info.textContent = err.message;
     }

@@ -77,7 +77,7 @@ def test_results_and_decisions_are_posted_into_the_probes_studio_room(api, user,
     room = Room.objects.get(kind=Room.Kind.STUDIO, owner=user, device=writable_probe)
     texts = [m.body["text"] for m in Message.objects.filter(room=room).order_by("seq")]
     assert texts[0].startswith("✔ grep TODO") and "# TODO" in texts[0]
-    assert texts[1] == "⏳ run make: waiting for your approval"
+    assert texts[1] == "… run make: waiting for your approval"
     assert texts[2] == "✘ skipped by alice: run make"
     detail = api.get(f"/api/probes/{writable_probe.pk}").json()
     assert detail["room_id"] == str(room.pk)
