@@ -97,6 +97,10 @@ class Daemon:
     def reload(self) -> None:
         with open(os.path.join(self.home, "local.json"), encoding="utf-8") as handle:
             info = json.load(handle)
+        pid = info.get("pid")
+        if isinstance(pid, int) and pid > 0 and not _alive(pid):
+            # A stale file from a daemon that is gone: do not hand the secret to whatever owns the port now.
+            raise DaemonDown("the daemon is not running")
         self.port = int(info["port"])
         self.secret = str(info["secret"])
 
@@ -138,8 +142,20 @@ class Daemon:
                 time.sleep(0.25)
                 try:
                     self.reload()
-                except (OSError, ValueError, KeyError):
+                except (OSError, ValueError, KeyError, DaemonDown):
                     pass
+
+
+def _alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) would terminate the process on Windows
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
 
 
 # --- events ----------------------------------------------------------------------------------
