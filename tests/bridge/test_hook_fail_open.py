@@ -131,3 +131,19 @@ async def test_wrong_secret_fails_open(live_daemon):
     write_private_json(live_daemon / "local.json", dict(info, secret="y" * 43))
     result, _ = await asyncio.to_thread(run_hook, live_daemon, json.dumps(EVENTS[2]).encode())
     assert (result.returncode, result.stdout) == (0, b"")
+
+
+@pytest.mark.e2e
+def test_a_stale_local_json_does_not_leak_the_secret_to_whoever_holds_the_port(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with socket.socket() as listener:  # some other program now listens on the old port
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.5)
+        write_private_json(tmp_path / "local.json",
+                           {"port": listener.getsockname()[1], "secret": "s" * 43, "pid": int(dead.stdout)})
+        result, elapsed = run_hook(tmp_path, json.dumps(EVENTS[2]).encode())
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert (result.returncode, result.stdout) == (0, b"")
+    assert elapsed < 1.0
