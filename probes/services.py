@@ -26,7 +26,7 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ai1net.exceptions import ApplicationError, Conflict
+from ai1net.exceptions import ApplicationError, Conflict, RateLimited
 from devices.models import Device
 from probes import selectors
 from probes.models import APPROVAL_OPS, ProbeCommand
@@ -44,6 +44,8 @@ NOT_FOUND_CODES = frozenset({"not_found", "file_not_found", "no_such_file", "ENO
 PROBE_REFUSALS = frozenset({"outside_allowed_roots", "not_permitted"})  # the probe's own refusals, audited
 LOST_AFTER_APPROVAL = timedelta(minutes=5)  # approved but never sent (the process died in between)
 RUN_DEFAULT_TIMEOUT_SEC = 60  # the probe's default for `run`
+MAX_AWAITING_PER_USER = 50
+MAX_IN_FLIGHT = 16  # per probe: approved or sent, not yet answered
 
 
 # --- seams to the other apps (imported late: tests replace them, and the apps import each other) ---
@@ -80,6 +82,7 @@ def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = 
     if device.owner_id != user.pk or device.kind != Device.Kind.PROBE:
         raise ApplicationError("No such probe.", code="probe_not_found", status=404)
     commands_expire()
+    _check_capacity(user=user, device=device, op=op)
     now = timezone.now()
     fields: dict[str, Any] = {
         "owner": user, "device": device, "requested_by": user, "via": via, "op": op, "args": args,
@@ -111,6 +114,18 @@ def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = 
         )
         transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk))
     return command
+
+
+def _check_capacity(*, user: Any, device: Device, op: str) -> None:
+    """Soft caps (counted, not locked) so a runaway agent cannot flood the owner or the probe."""
+    if op in APPROVAL_OPS and ProbeCommand.objects.filter(
+        owner=user, state=State.AWAITING_APPROVAL
+    ).count() >= MAX_AWAITING_PER_USER:
+        raise RateLimited(f"{MAX_AWAITING_PER_USER} commands already wait for approval; decide on those first.",
+                          code="too_many_pending")
+    if ProbeCommand.objects.filter(device=device, state__in=[State.APPROVED, State.SENT]).count() >= MAX_IN_FLIGHT:
+        raise RateLimited(f"{MAX_IN_FLIGHT} commands are already running on this probe; wait for some to end.",
+                          code="too_many_in_flight")
 
 
 def command_approve(*, user: Any, command_id: Any, seen_hash: str | None = None,

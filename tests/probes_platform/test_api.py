@@ -314,3 +314,13 @@ def test_a_session_without_its_second_factor_is_refused(api, user, writable_prob
         assert response.status_code == 403 and response.json()["error"] == "otp_required"
     assert api.get("/studio/").status_code == 302
     assert ProbeCommand.objects.get(pk=body["id"]).state == "awaiting_approval"
+
+
+def test_a_runaway_agent_is_capped(api, writable_probe, fake_probe, monkeypatch):
+    monkeypatch.setattr("probes.services.MAX_AWAITING_PER_USER", 2)
+    for n in range(2):
+        assert post_command(api, writable_probe.pk, "run", {"argv": ["echo", str(n)]}).status_code == 202
+    capped = post_command(api, writable_probe.pk, "run", {"argv": ["echo", "2"]})
+    assert capped.status_code == 429 and capped.json()["error"] == "too_many_pending"
+    assert ProbeCommand.objects.count() == 2
+    assert post_command(api, writable_probe.pk, "ping", {}).json()["state"] == "done"  # reads still run

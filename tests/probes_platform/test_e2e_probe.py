@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.conf import settings
 
 from ai1net.accounts.services import api_token_create
 from devices import services as device_services
@@ -156,3 +157,29 @@ def test_a_probe_that_went_away_fails_commands_with_device_offline(server, clien
         http.close()
         person.close()
         probe.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL (the scaled-out configuration)")
+def test_asked_and_approved_on_other_processes_than_the_probes(server, client, user, project, tmp_path):
+    """The probe holds its tunnel on daphne A; the agent asks through B and the person approves through C."""
+    device, token = device_services.device_create(owner=user, name="far", kind="probe", ephemeral=True)
+    probe = start_probe(server, device, token, project, tmp_path, "--write")
+    b, c = Daphne(tmp_path, name="daphne-b"), Daphne(tmp_path, name="daphne-c")
+    http = agent(b, user)
+    person = owner(c, client, user)
+    try:
+        read = command(http, "far", "read", {"path": str(project / "hello.py")})
+        assert read.json()["state"] == "done", read.text
+        asked = command(http, "far", "write", {"path": str(project / "far.txt"), "content": "far\n"}, wait=0)
+        assert asked.status_code == 202
+        done = person.post(f"/api/probes/commands/{asked.json()['id']}/approve", json={"wait": 20}).json()
+        assert done["state"] == "done", done
+        assert (project / "far.txt").read_text() == "far\n"
+        assert http.get(f"/api/probes/commands/{asked.json()['id']}").json()["state"] == "done"
+    finally:
+        http.close()
+        person.close()
+        probe.stop()
+        b.stop()
+        c.stop()
