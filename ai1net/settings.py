@@ -191,6 +191,10 @@ if not DEBUG:
     SECURE_SSL_REDIRECT = env_bool("AI1NET_SSL_REDIRECT", True)
     SECURE_HSTS_SECONDS = 31_536_000
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    # Joining the browsers' preload list is an operator's decision, not a default.
+    SECURE_HSTS_PRELOAD = env_bool("AI1NET_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 # --- i18n / static ---------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -200,6 +204,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / ".staticfiles"
+# The single-file clients (.pyz) served at /downloads/<name>; `make pyz` builds them here.
+DOWNLOADS_DIR = Path(os.environ.get("AI1NET_DOWNLOADS_DIR", BASE_DIR / "static" / "downloads"))
 
 # --- API -------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

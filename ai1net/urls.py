@@ -8,6 +8,7 @@ from ai1net.accounts import views as accounts_views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("downloads/<str:name>", views.download_client, name="download-client"),
     path("", accounts_views.home, name="home"),
     path("", include("ai1net.accounts.urls")),
     path("", include("devices.urls")),
