@@ -82,6 +82,7 @@ class MobileBridge:
         self._changed = asyncio.Event()
         self._reports_ready = asyncio.Event()
         self._waiting: Dict[str, int] = {}
+        self._waiting_sessions: Dict[str, int] = {}
         self._last_poll: Dict[str, float] = {}
         self._tasks: List[asyncio.Task] = []
 
@@ -159,6 +160,7 @@ class MobileBridge:
             "switch": self.switch,
             "queue_depth": self.store.queue_depth(),
             "waiting": sorted(self._waiting),  # questions a hook is waiting on right now
+            "waiting_sessions": sorted(self._waiting_sessions),  # Stop hooks waiting for a phone message
         }
 
     async def _session_start(self, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -407,17 +409,23 @@ class MobileBridge:
     async def _wait_message(self, body: Dict[str, Any]) -> Dict[str, Any]:
         session_id = _text(body, "session_id", limit=200)
         deadline = time.monotonic() + _timeout(body)
-        while True:
-            event = self._changed
-            if not self._keep_going(session_id):
-                return {"state": "off"}
-            blocked = self._block_with_messages(session_id)
-            if blocked:
-                return blocked
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return {"state": "pending"}
-            await self._wait_change(event, remaining)
+        self._waiting_sessions[session_id] = self._waiting_sessions.get(session_id, 0) + 1
+        try:
+            while True:
+                event = self._changed
+                if not self._keep_going(session_id):
+                    return {"state": "off"}
+                blocked = self._block_with_messages(session_id)
+                if blocked:
+                    return blocked
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {"state": "pending"}
+                await self._wait_change(event, remaining)
+        finally:
+            self._waiting_sessions[session_id] -= 1
+            if not self._waiting_sessions[session_id]:
+                del self._waiting_sessions[session_id]
 
     async def _session_end(self, body: Dict[str, Any]) -> Dict[str, Any]:
         session_id = _text(body, "session_id", limit=200)

@@ -129,14 +129,17 @@ class Desk:
     def hook_async(self, event: dict, *args: str) -> Future:
         return self.pool.submit(self.hook, event, *args)
 
-    def waiting(self) -> list[str]:
-        """Questions a hook is long-polling the daemon for (so it is past the ask: a kill is no race)."""
+    def health(self) -> dict:
         from clients.bridge.hook import Daemon
 
         try:
-            return Daemon(str(self.home)).post("health", {}, timeout=2).get("waiting", [])
+            return Daemon(str(self.home)).post("health", {}, timeout=2)
         except Exception:
-            return []
+            return {}
+
+    def waiting(self) -> list[str]:
+        """Questions a hook is long-polling the daemon for (so it is past the ask: a kill is no race)."""
+        return self.health().get("waiting", [])
 
     def audit(self) -> list[str]:
         return [e["event"] for e in AuditLog(self.home / "audit.jsonl").entries()]
@@ -334,3 +337,16 @@ def test_phone_messages_reach_the_session_once(world):
         }
     }
     assert desk.hook(prompt) is None
+
+    # "Keep this session going" from the phone: Stop waits for the next phone message and continues with it.
+    stop = {"session_id": "sess-1", "hook_event_name": "Stop", "stop_hook_active": False}
+    assert desk.hook(stop) is None
+    kept = session.post("/api/mobile/sessions/sess-1/keep_going", json={"enabled": True}, headers=csrf(session))
+    assert kept.status_code == 200, kept.text
+    wait_until(lambda: "keep_going.set" in desk.audit(), timeout=15, message="keep-going on the desk")
+    hook = desk.hook_async(stop)
+    wait_until(lambda: "sess-1" in desk.health().get("waiting_sessions", []), timeout=15, message="Stop waiting")
+    sent = session.post("/api/mobile/sessions/sess-1/messages", json={"text": "now write the tests"},
+                        headers=csrf(session))
+    assert sent.status_code == 201, sent.text
+    assert hook.result(30) == {"decision": "block", "reason": "now write the tests"}
