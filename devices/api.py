@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from devices import selectors, services
+from devices.access import OtpSatisfied
 from devices.models import Device, PairingRequest
 
 
@@ -108,7 +109,7 @@ class PairingTokenView(APIView):
 class PairingCodeView(APIView):
     """User side: open a code (binds it to me, `scanned`)."""
 
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, OtpSatisfied]
 
     def get(self, request: Request, user_code: str) -> Response:
         pairing = services.pairing_scan(user=request.user, user_code=user_code, ip=client_ip(request))
@@ -116,7 +117,7 @@ class PairingCodeView(APIView):
 
 
 class PairingApproveView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, OtpSatisfied]
 
     def post(self, request: Request, user_code: str) -> Response:
         pairing = services.pairing_approve(user=request.user, user_code=user_code, ip=client_ip(request))
@@ -124,7 +125,7 @@ class PairingApproveView(APIView):
 
 
 class PairingDenyView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, OtpSatisfied]
 
     def post(self, request: Request, user_code: str) -> Response:
         pairing = services.pairing_deny(user=request.user, user_code=user_code, ip=client_ip(request))
@@ -132,7 +133,7 @@ class PairingDenyView(APIView):
 
 
 class DeviceListView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, OtpSatisfied]
 
     def get(self, request: Request) -> Response:
         devices = selectors.devices_for_user(user=request.user, kind=request.query_params.get("kind") or None)
@@ -140,7 +141,7 @@ class DeviceListView(APIView):
 
 
 class DeviceDetailView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, OtpSatisfied]
 
     def get(self, request: Request, device_id: str) -> Response:
         return Response(DeviceSerializer(selectors.access_device(user=request.user, device_id=device_id)).data)
@@ -154,7 +155,7 @@ class DeviceDetailView(APIView):
 
 
 class DeviceRevokeView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, OtpSatisfied]
 
     def post(self, request: Request, device_id: str) -> Response:
         device = selectors.access_device(user=request.user, device_id=device_id)

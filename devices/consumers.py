@@ -39,6 +39,7 @@ from django.utils import timezone
 from ai1net.exceptions import ApplicationError
 from clients import protocol
 from devices import events, rpc, selectors, services, signals
+from devices.access import socket_otp_satisfied
 from devices.models import Device
 
 logger = logging.getLogger(__name__)
@@ -210,6 +211,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         except ApplicationError:
             await self._close(protocol.CLOSE_REVOKED)
             return
+        except Device.DoesNotExist:
+            await self._close(protocol.CLOSE_UNAUTHORIZED)
+            return
         self.device = device
         group = events.device_group(device.pk)
         self.groups = [group]  # discarded by websocket_disconnect
@@ -254,7 +258,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             self.acked_flushed = seq
 
     async def _on_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
-        response = await database_sync_to_async(rpc.dispatch)(self.device, request_id, method, params)
+        try:
+            response = await database_sync_to_async(rpc.dispatch)(self.device, request_id, method, params)
+        except Exception:  # e.g. the database is unreachable: the device retries with the same id
+            logger.exception("device request %s failed", method)
+            response = {"error": {"code": protocol.INTERNAL_ERROR, "message": "internal error"}}
         if "error" in response:
             err = response["error"]
             frame = protocol.error(request_id, err["code"], err["message"], err.get("data"))
@@ -295,7 +303,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         try:
             while not self.closing:
                 self.pump_again = False
-                room = WINDOW - (self.last_sent - self.acked)
+                room = WINDOW - max(0, self.last_sent - self.acked)
                 if room > 0:
                     items = await database_sync_to_async(selectors.outbox_unacked_after)(
                         device_id=self.device.pk, after_seq=self.last_sent, limit=room
@@ -433,7 +441,9 @@ class DevicesPageConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
+        if user is None or not user.is_authenticated or not await database_sync_to_async(socket_otp_satisfied)(
+            user, self.scope.get("session")
+        ):
             await self.close(code=4401)
             return
         self.groups = [events.user_group(user.pk)]

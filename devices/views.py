@@ -12,7 +12,15 @@ from django.utils.safestring import mark_safe
 
 from ai1net.exceptions import ApplicationError
 from devices import selectors, services
+from devices.access import http_otp_satisfied
 from devices.api import client_ip, public_base
+
+
+def _otp_refusal(request: HttpRequest) -> HttpResponse | None:
+    if http_otp_satisfied(request):
+        return None
+    return render(request, "devices/pair_code.html",
+                  {"error": "Verify your sign-in with your one-time code first."}, status=403)
 
 
 def qr_svg(data: str) -> str:
@@ -22,6 +30,8 @@ def qr_svg(data: str) -> str:
 
 @login_required
 def pair_enter(request: HttpRequest) -> HttpResponse:
+    if refusal := _otp_refusal(request):
+        return refusal
     error = ""
     if request.method == "POST":
         code = services.normalize_user_code(request.POST.get("user_code", ""))
@@ -33,6 +43,8 @@ def pair_enter(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def pair_code(request: HttpRequest, user_code: str) -> HttpResponse:
+    if refusal := _otp_refusal(request):
+        return refusal
     code = services.normalize_user_code(user_code)
     shown = services.format_user_code(code) if code else user_code
     try:
@@ -49,4 +61,6 @@ def pair_code(request: HttpRequest, user_code: str) -> HttpResponse:
 
 @login_required
 def device_list(request: HttpRequest) -> HttpResponse:
+    if refusal := _otp_refusal(request):
+        return refusal
     return render(request, "devices/list.html", {"devices": selectors.devices_for_user(user=request.user)})

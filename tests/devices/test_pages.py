@@ -110,3 +110,15 @@ async def test_presence_socket_needs_a_login():
     comm.scope["user"] = AnonymousUser()
     connected, code = await comm.connect()
     assert not connected and code == 4401
+
+
+@pytest.mark.django_db
+def test_two_factor_users_must_verify_before_approving(api, user, start_pairing):
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    body = start_pairing()
+    assert api.post(f"/api/devices/pairings/code/{body['user_code']}/approve").status_code == 403
+    assert api.get(f"/pair/{body['user_code']}").status_code == 403
+    assert api.get("/devices/").status_code == 403
+    assert PairingRequest.objects.get().state == PairingRequest.State.PENDING
