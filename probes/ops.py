@@ -73,6 +73,9 @@ def validate(op: Any, args: Any) -> tuple[str, dict[str, Any]]:
     if len(json.dumps(args, ensure_ascii=False).encode("utf-8")) > MAX_ARGS_BYTES:
         raise PayloadTooLarge(f"args: larger than {MAX_ARGS_BYTES} bytes.")
     for name, value in args.items():
+        if _has_nul(name) or _has_nul(value):
+            # No path holds a NUL, and PostgreSQL's JSON cannot store one: refused on every database alike.
+            raise ValidationFailed(f"args.{name}: NUL bytes are not allowed.", code="invalid_args")
         expected = ARG_TYPES.get(name)
         if expected is None:
             continue
@@ -92,6 +95,16 @@ def validate(op: Any, args: Any) -> tuple[str, dict[str, Any]]:
     if op == "write" and ("content" in args) == ("diff" in args):
         raise ValidationFailed("args.content: give exactly one of content or diff.", code="invalid_args")
     return op, args
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    if isinstance(value, dict):
+        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
+    return False
 
 
 def probe_modes(capabilities: Any) -> set[str]:

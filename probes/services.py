@@ -22,7 +22,7 @@ from typing import Any
 
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -226,7 +226,7 @@ def command_preview_build(*, command_id: Any) -> None:
             fromfile=f"a/{path.lstrip('/')}" if current else "/dev/null", tofile=f"b/{path.lstrip('/')}",
         )) or "(no change)"
     ProbeCommand.objects.filter(pk=command.pk, state=State.AWAITING_APPROVAL).update(
-        preview=preview[:PREVIEW_CHARS]
+        preview=_without_nul(preview[:PREVIEW_CHARS])
     )
     _notify_finished()
 
@@ -273,9 +273,15 @@ def commands_fail_in_flight(*, device: Device) -> int:
 # --- helpers ------------------------------------------------------------------------------------
 
 def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dict | None = None) -> None:
-    finished = ProbeCommand.objects.filter(pk=command.pk, state=State.SENT).update(
-        state=state, result=result, error=error, finished_at=timezone.now()
-    )
+    in_flight = ProbeCommand.objects.filter(pk=command.pk, state=State.SENT)
+    try:
+        finished = in_flight.update(
+            state=state, result=_without_nul(result), error=_without_nul(error), finished_at=timezone.now()
+        )
+    except DatabaseError:  # never leave it `sent`: the caller would wait for nothing
+        logger.exception("could not store the outcome of probe command %s", command.pk)
+        finished = in_flight.update(state=State.FAILED, finished_at=timezone.now(), error={
+            "code": "internal_error", "detail": "The probe answered, but the answer could not be stored."})
     if not finished:  # already failed (disconnect) or swept: the first outcome stands
         return
     command.refresh_from_db()
@@ -288,6 +294,17 @@ def _audit(command: ProbeCommand, *, actor: Any, action: str, ip: str | None = N
         "command": str(command.pk), "device": str(command.device_id), "op": command.op,
         "args_hash": command.args_hash, **extra,
     })
+
+
+def _without_nul(value: Any) -> Any:
+    """PostgreSQL's JSON cannot hold U+0000 (a command's output may): store U+FFFD in its place."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    return value
 
 
 def _notify_finished() -> None:

@@ -147,6 +147,9 @@ def test_a_slow_call_answers_202_then_the_get_long_polls_to_the_result(api, prob
     ("run", {"argv": "ls -la"}, "args.argv"),
     ("run", {"argv": []}, "args.argv"),
     ("run", {"argv": ["ls"], "timeout": "5"}, "args.timeout"),
+    ("read", {"path": "a\x00b"}, "args.path"),
+    ("run", {"argv": ["ls", "a\x00"]}, "args.argv"),
+    ("grep", {"pattern": "x", "extra": {"k": ["\x00"]}}, "args.extra"),
 ])
 def test_malformed_commands_are_400_naming_the_field(api, writable_probe, fake_probe, op, args, field):
     response = post_command(api, writable_probe.pk, op, args)

@@ -99,3 +99,10 @@ def test_stale_commands_are_swept_and_never_sent_late(user, writable_probe, fake
     assert ProbeCommand.objects.get(pk=fresh.pk).state == "awaiting_approval"
     assert services.command_send(command_id=stuck.pk) is None
     assert fake_probe.calls == []
+
+
+def test_output_with_nul_bytes_is_stored_on_every_database(user, writable_probe, fake_probe):
+    fake_probe.answers["probe.run"] = {"exit_code": 0, "stdout": "a\x00b", "stderr": ""}
+    command = approved_command(user, writable_probe)
+    assert services.command_send(command_id=command.pk).state == "done"
+    assert ProbeCommand.objects.get(pk=command.pk).result["stdout"] == "a\ufffdb"
