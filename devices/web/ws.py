@@ -28,9 +28,10 @@ from devices.web.gates import check_device_web
 logger = logging.getLogger(__name__)
 
 OPEN_TIMEOUT_SEC = 15.0
-CLOSE_TRY_AGAIN = 1013  # the browser sent more than we may buffer
-CLOSE_TOO_BIG = 1009
-CLOSE_UPSTREAM_FAILED = 1011
+# Close codes the platform chooses (an application may send only 1000 or 3000-4999):
+CLOSE_TOO_BIG = 4009  # a message over protocol.WEB_WS_MAX_MESSAGE (cf. 1009)
+CLOSE_TRY_AGAIN = 4013  # the browser sent more than we may buffer (cf. 1013)
+CLOSE_UPSTREAM_FAILED = 4502  # the device or its local server failed (cf. 1011 / 502)
 
 
 class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
@@ -155,9 +156,7 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         elif method == protocol.WEB_WS_FRAME and self.accepted:
             await self._frame_from_device(params)
         elif method == protocol.WEB_WS_CLOSE:
-            code = params.get("code")
-            code = code if isinstance(code, int) and (code == 1000 or 3000 <= code <= 4999) else 1000
-            await self._end(None, code)
+            await self._end(None, _browser_close_code(params.get("code")))
         elif method == protocol.WEB_RESET:
             logger.info("device web socket reset by the device: %s", params.get("reason"))
             await self._end(None)
@@ -195,3 +194,10 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         if self.link is not None and message.get("stream") == self.link.stream:
             self.link.opened = False  # the tunnel is gone: nothing to forget there
             await self._end(None)
+
+
+def _browser_close_code(code: object) -> int:
+    """The local server's close code as the browser may receive it from us."""
+    if isinstance(code, int) and not isinstance(code, bool) and (code == 1000 or 3000 <= code <= 4999):
+        return code
+    return CLOSE_UPSTREAM_FAILED if code in (1006, 1011) else 1000

@@ -9,31 +9,10 @@ import os
 import httpx
 import pytest
 
-from tests.deviceweb.support import Bridge, Upstream, browser, enable_device_web, web_port
-from tests.e2e_support import Daphne, wait_until
+from tests.deviceweb.support import browser, enable_device_web, web_port
+from tests.e2e_support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-FAST = {"AI1NET_HEARTBEAT_SEC": "2", "AI1NET_DEVICE_WEB_FIRST_BYTE_SEC": "10"}
-
-
-@pytest.fixture
-def stack(tmp_path, user, password):
-    """daphne + upstream + the user's bridge exposing the upstream's ports (and one port nobody serves)."""
-    enable_device_web(user)
-    server = Daphne(tmp_path, **FAST)
-    upstream = Upstream(tmp_path)
-    dead_port = web_port()
-    bridge = None
-    try:
-        bridge = Bridge(server, user, tmp_path / "home", [upstream.port, upstream.ws_port, dead_port])
-        yield server, upstream, bridge, dead_port
-    finally:
-        if bridge is not None:
-            bridge.stop()
-        upstream.stop()
-        server.stop()
-
 
 def test_http_through_the_tunnel(stack, user, password):
     server, upstream, bridge, dead_port = stack
