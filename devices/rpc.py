@@ -60,6 +60,9 @@ def dispatch(device: Device, request_id: Any, method: str, params: dict[str, Any
     if stored is not None:
         return stored
     try:
+        # Handlers see the device and its owner as they are now, not as they were when the tunnel
+        # opened: switches (mobile reply, device web) change while a connection lives.
+        device = Device.objects.select_related("owner").get(pk=device.pk)
         with transaction.atomic():
             try:
                 with transaction.atomic():

@@ -7,6 +7,7 @@ from django.test import override_settings
 
 from ai1net.accounts.services import user_switch_set
 from clients import protocol
+from devices.models import Device
 from devices.rpc import dispatch
 from devices.signals import device_connected
 from im.models import Room
@@ -58,6 +59,16 @@ def test_question_with_the_switch_off_is_mobile_reply_off(bridge, mobile_user):
     assert response["error"]["code"] == protocol.APPLICATION_ERROR
     assert response["error"]["data"]["code"] == "mobile_reply_off"
     assert Question.objects.count() == 0
+
+
+def test_a_switch_turned_off_while_the_tunnel_lives_is_seen(bridge, mobile_user):
+    """The tunnel consumer holds the Device loaded at connect; the dispatcher must not trust its owner."""
+    live = Device.objects.select_related("owner").get(pk=bridge.pk)  # loaded at connect
+    assert live.owner.mobile_reply_enabled
+    user_switch_set(actor=mobile_user, user=mobile_user, switch="mobile_reply", enabled=False)
+    response = call(live, "mobile.question", {"question_id": str(uuid.uuid4()), "session_id": "s1",
+                                                "questions": ONE_QUESTION, "window_sec": 30})
+    assert response["error"]["data"]["code"] == "mobile_reply_off"
 
 
 @override_settings(MOBILE_REPLY_ENABLED=False)
