@@ -183,3 +183,30 @@ def test_asked_and_approved_on_other_processes_than_the_probes(server, client, u
         probe.stop()
         b.stop()
         c.stop()
+
+
+def test_a_command_cut_by_a_dropped_connection_is_not_run_again_after_the_reconnect(server, client, user, project,
+                                                                                     tmp_path):
+    device, token = device_services.device_create(owner=user, name="flaky", kind="probe")  # survives reconnects
+    probe = start_probe(server, device, token, project, tmp_path, "--exec")
+    http = agent(server, user)
+    person = owner(server, client, user)
+    counter = project / "count.txt"
+    try:
+        asked = command(http, "flaky", "run", {"argv": ["sh", "-c", "echo run >> count.txt; sleep 30"],
+                                               "cwd": str(project)}).json()
+        sent = person.post(f"/api/probes/commands/{asked['id']}/approve", json={"wait": 0}).json()
+        assert sent["state"] in ("approved", "sent")
+        wait_until(lambda: counter.exists() and counter.read_text() == "run\n", 20, message="the command started")
+        probe.kill()  # the connection drops mid-command
+        ended = http.get(f"/api/probes/commands/{asked['id']}?wait=30").json()
+        assert ended["state"] == "failed" and ended["error"]["code"] == "device_offline", ended
+        probe = start_probe(server, device, token, project, tmp_path, "--exec")
+        assert command(http, "flaky", "ping", {}).json()["state"] == "done"  # the new connection serves
+        assert counter.read_text() == "run\n"  # and the cut command was not sent again
+        again = person.post(f"/api/probes/commands/{asked['id']}/approve", json={})
+        assert again.status_code == 409
+    finally:
+        http.close()
+        person.close()
+        probe.stop()
