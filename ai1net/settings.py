@@ -59,6 +59,11 @@ PROBES_TOKEN_APPROVALS = env_bool("AI1NET_PROBES_TOKEN_APPROVALS", False)
 DEVICE_HEARTBEAT_SEC = float(os.environ.get("AI1NET_HEARTBEAT_SEC", "20"))
 DEVICE_EPHEMERAL_GRACE_SEC = float(os.environ.get("AI1NET_EPHEMERAL_GRACE_SEC", "30"))
 DEVICE_PAIRING_INTERVAL_SEC = int(os.environ.get("AI1NET_PAIRING_INTERVAL_SEC", "5"))
+# HTTP long-poll fallback of the tunnel (devices.longpoll): how long a pull is held, how often it
+# re-reads the outbox meanwhile; AI1NET_DISABLE_DEVICE_WS=1 refuses /ws/device (tests, broken proxies).
+DEVICE_LONGPOLL_HOLD_SEC = float(os.environ.get("AI1NET_LONGPOLL_HOLD_SEC", "25"))
+DEVICE_LONGPOLL_TICK_SEC = float(os.environ.get("AI1NET_LONGPOLL_TICK_SEC", "0.5"))
+DEVICE_WS_DISABLED = env_bool("AI1NET_DISABLE_DEVICE_WS", False)
 # Device web (devices.web): timeouts and caps of requests through a tunnel.
 DEVICE_WEB_FIRST_BYTE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_FIRST_BYTE_SEC", "30"))
 DEVICE_WEB_IDLE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_IDLE_SEC", "300"))

@@ -128,6 +128,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.tasks: set[asyncio.Task] = set()
         self.calls: dict[str, str] = {}  # platform -> device request id -> reply channel
         self.streams: dict[str, str] = {}  # stream id -> reply channel
+        if settings.DEVICE_WS_DISABLED:
+            await self.close()  # refuse the handshake (403), as a proxy that blocks WebSockets would
+            return
         await self.accept()
         device = await database_sync_to_async(selectors.device_by_token)(raw_token=_bearer(self.scope))
         if device is None:

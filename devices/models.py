@@ -1,9 +1,16 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
+
+# Device.channel_name of a device in HTTP long-poll mode (devices.longpoll): no channel to reach it;
+# it is online while its polls keep coming (last_seen_at within HEARTBEAT_MISSES heartbeats).
+LONGPOLL_PREFIX = "longpoll."
+LONGPOLL_MISSES = 3
 
 
 class Device(models.Model):
@@ -56,7 +63,16 @@ class Device(models.Model):
 
     @property
     def is_online(self) -> bool:
-        return self.status == self.Status.ACTIVE and bool(self.channel_name)
+        if self.status != self.Status.ACTIVE or not self.channel_name:
+            return False
+        if self.channel_name.startswith(LONGPOLL_PREFIX):
+            window = timedelta(seconds=settings.DEVICE_HEARTBEAT_SEC * LONGPOLL_MISSES)
+            return self.last_seen_at is not None and timezone.now() - self.last_seen_at < window
+        return True
+
+    @property
+    def is_long_polling(self) -> bool:
+        return self.channel_name.startswith(LONGPOLL_PREFIX)
 
 
 class OutboxItem(models.Model):

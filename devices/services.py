@@ -27,7 +27,7 @@ from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, RateLi
 from clients import protocol
 from devices import events
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
-from devices.models import Device, OutboxItem, PairingRequest
+from devices.models import LONGPOLL_PREFIX, Device, OutboxItem, PairingRequest
 
 # RFC 8628 6.1: 20 consonants, no vowels (no words), 8 characters -> 20^8 (about 34.5 bits).
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
@@ -306,6 +306,8 @@ def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any]) ->
         if device.status != Device.Status.ACTIVE:
             raise ApplicationError("revoked", code="revoked", status=403)
         older = device.channel_name if device.channel_name != channel_name else ""
+        if older.startswith(LONGPOLL_PREFIX):
+            older = ""  # a long poll has no channel to close: it sees the WebSocket took over and ends
         device.channel_name = channel_name
         device.connected_at = now
         device.last_seen_at = now
@@ -343,6 +345,34 @@ def device_disconnected(*, device_id: Any, channel_name: str) -> Device | None:
 
 def device_seen(*, device_id: Any, channel_name: str) -> None:
     Device.objects.filter(pk=device_id, channel_name=channel_name).update(last_seen_at=timezone.now())
+
+
+def device_longpoll_seen(*, device_id: Any, poll_channel: str) -> tuple[Device, bool]:
+    """A long poll arrived or is still held: presence in long-poll mode. Returns (device, came_online).
+
+    A live WebSocket owns presence; a poll never takes it over (the client stops polling once its
+    WebSocket is up, and the tunnel consumer clears its channel when it closes)."""
+    now = timezone.now()
+    with transaction.atomic():
+        device = Device.objects.select_for_update().select_related("owner").get(pk=device_id)
+        if device.status != Device.Status.ACTIVE:
+            raise ApplicationError("This device was revoked.", code="revoked", status=403)
+        if device.channel_name and not device.is_long_polling:
+            return device, False
+        came_online = not device.is_online
+        device.channel_name = poll_channel
+        device.last_seen_at = now
+        fields = ["channel_name", "last_seen_at"]
+        if came_online:
+            device.connected_at = now
+            device.disconnected_at = None
+            device.connection_count += 1
+            device.ports = []  # device web needs the WebSocket
+            fields += ["connected_at", "disconnected_at", "connection_count", "ports"]
+        device.save(update_fields=fields)
+        if came_online:
+            events.send_presence_changed(device)
+    return device, came_online
 
 
 # --- durable outbox ---------------------------------------------------------------------------
@@ -403,7 +433,9 @@ def outbox_ack(*, device_id: Any, seq: int) -> None:
 # --- platform -> device calls -----------------------------------------------------------------
 
 def _online_device(device_id: Any) -> bool:
-    return Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE).exclude(channel_name="").exists()
+    # A device in long-poll mode cannot take platform -> device requests (no channel reaches it).
+    return (Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE).exclude(channel_name="")
+            .exclude(channel_name__startswith=LONGPOLL_PREFIX).exists())
 
 
 async def adevice_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from devices import api, views
+from devices import api, longpoll, views
 
 app_name = "devices"
 
@@ -14,6 +14,8 @@ urlpatterns = [
     path("api/devices", api.DeviceListView.as_view(), name="api-device-list"),
     path("api/devices/<uuid:device_id>", api.DeviceDetailView.as_view(), name="api-device-detail"),
     path("api/devices/<uuid:device_id>/revoke", api.DeviceRevokeView.as_view(), name="api-device-revoke"),
+    path("api/devices/bridge/pull", longpoll.pull, name="api-bridge-pull"),
+    path("api/devices/bridge/push", longpoll.push, name="api-bridge-push"),
     path("pair/", views.pair_enter, name="pair"),
     path("pair/<str:user_code>", views.pair_code, name="pair-code"),
     path("devices/", views.device_list, name="list"),

@@ -281,6 +281,7 @@ class BridgeDaemon:
             on_request=self._on_request,
             on_notification=self._on_notification,
             user_agent=f"ai1net-bridge/{__version__}",
+            longpoll=True,  # falls back to HTTP long polling where WebSockets are blocked
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -5,6 +5,12 @@ says ``hello`` with the last seq the device applied, hands each new ``deliver`` 
 exactly once (the callback records the seq durably; items at or below it are only re-acked), answers
 platform requests through ``on_request``, sends heartbeats and drops a platform that went silent.
 Close codes 4401/4403 are final: ``run()`` raises ``FinalCloseError``.
+
+With ``longpoll=True`` (the bridge), a WebSocket that cannot be opened (the upgrade is refused, or
+``LONGPOLL_AFTER`` connects in a row fail) makes the tunnel fall back by itself to HTTP long polling
+(``clients.common.longpoll``): the same outbox, seqs and acks, and ``call()`` goes over HTTP with the
+same ids. Meanwhile it tries the WebSocket every ``ws_retry_sec`` and switches back when it opens.
+Platform -> device requests (``on_request``) need the WebSocket.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import logging
 import os
 import random
+import threading
 import uuid
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
@@ -20,12 +27,15 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from clients import protocol
+from clients.common.longpoll import LongPollClient
 
 log = logging.getLogger("ai1net.tunnel")
 
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
 ACK_EVERY = 100  # while items keep arriving, ack at least this often (one ack covers all before it)
+LONGPOLL_AFTER = 3  # failed WebSocket connects in a row before falling back to long polling
+WS_RETRY_SEC = 60.0  # in long-poll mode, try the WebSocket again this often
 
 DeliverHandler = Callable[[int, str, Dict[str, Any]], Awaitable[None]]
 RequestHandler = Callable[[str, Dict[str, Any]], Awaitable[Optional[Dict[str, Any]]]]
@@ -114,6 +124,8 @@ class Tunnel:
         backoff_cap: Optional[float] = None,
         open_timeout: float = 15.0,
         user_agent: str = "ai1net-client",
+        longpoll: bool = False,
+        ws_retry_sec: Optional[float] = None,
     ) -> None:
         self.ws_url = tunnel_url(url)
         self._token = token
@@ -143,6 +155,13 @@ class Tunnel:
         self.connections = 0  # sessions that completed hello, for status and tests
         self.sessions = 0  # connections that sent hello; what the platform sends is tied to one of them
         self._session_ws: Any = None
+        # HTTP long-poll fallback
+        self.mode = "websocket"  # or "longpoll" while falling back
+        self._longpoll = LongPollClient(url, token, user_agent=user_agent) if longpoll else None
+        if ws_retry_sec is None:
+            ws_retry_sec = _env_float("AI1NET_WS_RETRY_SEC", WS_RETRY_SEC)
+        self.ws_retry_sec = ws_retry_sec
+        self._pushes: Set[asyncio.Future] = set()
 
     # --- public ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -154,19 +173,26 @@ class Tunnel:
 
     async def run(self) -> None:
         attempt = 0
+        ws_failures = 0
         try:
             while not self._stopping.is_set():
-                established, close_code = False, None
+                established, close_code, refused = False, None, False
                 try:
                     established, close_code = await self._connect_once()
                 except FinalCloseError:
                     raise
                 except (OSError, asyncio.TimeoutError, ConnectionClosed, InvalidStatus, RemoteError) as exc:
                     log.warning("tunnel to %s: %s", self.ws_url, _describe(exc))
+                    refused = isinstance(exc, InvalidStatus)
                 except Exception:
                     log.exception("tunnel to %s failed", self.ws_url)
                 if self._stopping.is_set():
                     break
+                ws_failures = 0 if established else ws_failures + 1
+                if self._longpoll is not None and (refused or ws_failures >= LONGPOLL_AFTER):
+                    if await self._longpoll_mode():
+                        attempt = ws_failures = 0
+                        continue  # the WebSocket opens again: go back to it at once
                 # A replaced connection (4409) means another copy of this device is online:
                 # keep backing off instead of taking the tunnel back at once, forever.
                 if established and close_code != protocol.CLOSE_REPLACED:
@@ -195,7 +221,9 @@ class Tunnel:
         self._waiters[request_id] = future
         self._pending_calls[request_id] = (method, dict(params or {}))
         try:
-            if self._ws is not None and self.connected.is_set():
+            if self.mode == "longpoll" and self.connected.is_set():
+                self._start_push(request_id)
+            elif self._ws is not None and self.connected.is_set():
                 await self._send(self._ws, protocol.request(method, params or {}, request_id))
             return await asyncio.wait_for(future, timeout)
         finally:
@@ -409,11 +437,154 @@ class Tunnel:
         except ConnectionClosed:
             pass  # the reader notices; pending calls are resent after the reconnect
 
+    # --- HTTP long-poll fallback -------------------------------------------------------------
+    async def _longpoll_mode(self) -> bool:
+        """Serve over long polls until the WebSocket opens again (True) or the platform cannot be
+        reached over HTTP either (False: back to the WebSocket's backoff). Raises FinalCloseError."""
+        assert self._longpoll is not None
+        prober = asyncio.ensure_future(self._probe_websocket())
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        failures = 0
+        log.warning("the WebSocket to %s cannot be opened; falling back to HTTP long polling", self.ws_url)
+        try:
+            while not self._stopping.is_set():
+                puller = _in_thread(self._longpoll.pull, int(self.applied_seq()))
+                done, _ = await asyncio.wait({puller, prober, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    return False
+                if prober in done and prober.result():
+                    log.info("the WebSocket opens again; leaving long polling")
+                    return True  # an abandoned pull just ends on the platform; its items come again
+                try:
+                    status, body = await puller
+                except (OSError, ValueError) as exc:
+                    failures += 1
+                    log.warning("long poll to %s: %s", self._longpoll.base, exc)
+                    if failures >= LONGPOLL_AFTER:
+                        return False
+                    await self._pause(backoff_delay(failures, base=self.backoff_base, cap=self.backoff_cap))
+                    continue
+                if status == 401:
+                    raise FinalCloseError(protocol.CLOSE_UNAUTHORIZED)
+                if status == 403:
+                    raise FinalCloseError(protocol.CLOSE_REVOKED, str(body.get("detail") or ""))
+                if status == 409:
+                    # Another copy of this device polls: back off as a replaced WebSocket would.
+                    failures += 1
+                    await self._pause(backoff_delay(failures, base=self.backoff_base, cap=self.backoff_cap))
+                    continue
+                if status != 200:
+                    failures += 1
+                    log.warning("long poll refused: HTTP %s %s", status, body.get("detail", ""))
+                    if failures >= LONGPOLL_AFTER:
+                        return False
+                    await self._pause(backoff_delay(failures, base=self.backoff_base, cap=self.backoff_cap))
+                    continue
+                failures = 0
+                if not self.connected.is_set() or self.mode != "longpoll":
+                    self.mode = "longpoll"
+                    self.device_id = body.get("deviceId") or self.device_id
+                    self.hello_reply = {"deviceId": self.device_id, "heartbeatSec": body.get("heartbeatSec"),
+                                        "transport": "longpoll"}
+                    self.connections += 1
+                    self.connected.set()
+                    log.info("long polling: device %s", self.device_id)
+                    for request_id in list(self._pending_calls):
+                        self._start_push(request_id)
+                for item in body.get("items") or []:
+                    seq, kind, payload = item.get("seq"), item.get("kind"), item.get("payload", {})
+                    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not isinstance(kind, str):
+                        log.warning("ignoring a malformed item: %r", item)
+                        continue
+                    if seq > int(self.applied_seq()):
+                        await self.on_deliver(seq, kind, payload if isinstance(payload, dict) else {"value": payload})
+            return False
+        finally:
+            self.mode = "websocket"
+            self.connected.clear()
+            for task in (prober, stopper):
+                task.cancel()
+            await asyncio.gather(prober, stopper, return_exceptions=True)
+
+    async def _pause(self, delay: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _probe_websocket(self) -> bool:
+        """Try the WebSocket now and then; True once an upgrade succeeds (the socket is closed again)."""
+        while True:
+            await asyncio.sleep(self.ws_retry_sec)
+            try:
+                ws = await connect(self.ws_url, additional_headers={"Authorization": f"Bearer {self._token}",
+                                                                    "User-Agent": self.user_agent},
+                                   ping_interval=None, open_timeout=self.open_timeout, close_timeout=2)
+            except Exception as exc:  # noqa: BLE001 - still blocked; any failure means the same
+                log.debug("the WebSocket is still closed: %s", _describe(exc))
+                continue
+            await ws.close()
+            return True
+
+    def _start_push(self, request_id: str) -> None:
+        task = asyncio.ensure_future(self._push(request_id))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def _push(self, request_id: str) -> None:
+        """One device -> platform request over HTTP, retried with the same id while it is pending."""
+        assert self._longpoll is not None
+        attempt = 0
+        while request_id in self._pending_calls and self.mode == "longpoll":
+            method, params = self._pending_calls[request_id]
+            try:
+                status, body = await _in_thread(self._longpoll.push, request_id, method, params)
+            except (OSError, ValueError) as exc:
+                log.warning("push %s: %s", method, exc)
+                status, body = 0, {}
+            if status == 200 and ("result" in body or "error" in body):
+                err = body.get("error")
+                if isinstance(err, dict) and not isinstance(err.get("code"), int):
+                    err = {"code": protocol.INTERNAL_ERROR, "message": str(err)}
+                self._resolve({"id": request_id, "error": err} if err else {"id": request_id,
+                                                                            "result": body.get("result")})
+                return
+            attempt += 1
+            await self._pause(backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap))
+
     def _fail_calls(self, exc: BaseException) -> None:
         for request_id in list(self._pending_calls):
             future = self._waiters.get(request_id)
             if future is not None and not future.done():
                 future.set_exception(exc)
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """Run a blocking call in a daemon thread: a pull held by the platform must not keep a stopping
+    process alive (the default executor's threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value: Any, error: Optional[BaseException]) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def work() -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+            value, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits any more
+
+    threading.Thread(target=work, name="ai1net-longpoll", daemon=True).start()
+    return future
 
 
 def _describe(exc: BaseException) -> str:

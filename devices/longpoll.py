@@ -1,0 +1,165 @@
+"""HTTP long-poll fallback of the device tunnel, for networks that block WebSockets (bridges only).
+
+``POST /api/devices/bridge/pull {"ackedSeq"}`` acks every item up to ackedSeq, then is held up to
+``DEVICE_LONGPOLL_HOLD_SEC`` and answered as soon as unacked outbox items after ackedSeq exist:
+``{"deviceId", "items": [{seq, kind, payload}...], "heartbeatSec", "holdSec"}`` -- the same durable
+outbox and seq/ack semantics as ``deliver``/``ack`` on the tunnel. One pull per device at a time:
+a newer pull replaces the held one, which returns 409 ``replaced``.
+
+``POST /api/devices/bridge/push {"id", "method", "params"}`` runs a device -> platform request
+through ``devices.rpc.dispatch`` (idempotent by id, as on the tunnel) and answers
+``{"id", "result"}`` or ``{"id", "error": {code, message, data?}}`` with 200.
+
+Both take ``Authorization: Bearer <device token>``: unknown -> 401 ``unauthorized``, revoked -> 403
+``revoked`` (both final for the client). A device in long-poll mode is online while its polls keep
+coming; platform -> device requests with a reply (``device_call``, device web) need the WebSocket.
+The pull re-reads the outbox every ``DEVICE_LONGPOLL_TICK_SEC`` (the doorbell is not used here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from ai1net.exceptions import ApplicationError
+from clients import protocol
+from devices import rpc, selectors, services, signals
+from devices.models import LONGPOLL_PREFIX, Device
+
+logger = logging.getLogger(__name__)
+
+MAX_ITEMS = 256  # items per pull answer; the next pull gets the rest at once
+
+
+def _error(status: int, code: str, detail: str) -> JsonResponse:
+    return JsonResponse({"error": code, "detail": detail}, status=status)
+
+
+def _bearer(request: HttpRequest) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    if len(request.body) > protocol.MAX_FRAME_BYTES:
+        return _error(413, "too_large", f"the body is larger than {protocol.MAX_FRAME_BYTES} bytes (frame limit)")
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return _error(400, "parse_error", "the body is not JSON")
+    if not isinstance(body, dict):
+        return _error(400, "invalid_request", "the body must be a JSON object")
+    return body
+
+
+async def _device(request: HttpRequest) -> Device | JsonResponse:
+    device = await database_sync_to_async(selectors.device_by_token)(raw_token=_bearer(request))
+    if device is None:
+        return _error(401, "unauthorized", protocol.CLOSE_REASONS[protocol.CLOSE_UNAUTHORIZED])
+    if device.status != Device.Status.ACTIVE:
+        return _error(403, "revoked", protocol.CLOSE_REASONS[protocol.CLOSE_REVOKED])
+    if device.kind != Device.Kind.BRIDGE:
+        return _error(403, "bridge_only", "Only a bridge may long-poll; a probe needs the WebSocket.")
+    return device
+
+
+def _poll_state(device_id: Any, after: int) -> tuple[list[tuple[int, str, Any]], str | None, str]:
+    """One read per tick: the items waiting, the device's status and its presence channel."""
+    items = selectors.outbox_unacked_after(device_id=device_id, after_seq=after, limit=MAX_ITEMS)
+    row = Device.objects.filter(pk=device_id).values_list("status", "channel_name").first()
+    status, channel = row if row is not None else (None, "")
+    return items, status, channel
+
+
+def _send_signal(signal: Any, **kwargs: Any) -> None:
+    for receiver, result in signal.send_robust(sender=Device, **kwargs):
+        if isinstance(result, Exception):
+            logger.error("receiver %r of %s failed", receiver, signal, exc_info=result)
+
+
+def _items(rows: list[tuple[int, str, Any]]) -> list[dict[str, Any]]:
+    return [{"seq": seq, "kind": kind, "payload": payload} for seq, kind, payload in rows]
+
+
+@csrf_exempt
+@require_POST
+async def pull(request: HttpRequest) -> JsonResponse:
+    device = await _device(request)
+    if isinstance(device, JsonResponse):
+        return device
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    acked = body.get("ackedSeq", 0)
+    if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
+        return _error(400, "invalid_params", "ackedSeq must be a non-negative integer")
+    poll_channel = f"{LONGPOLL_PREFIX}{secrets.token_hex(8)}"
+    try:
+        if acked:
+            await database_sync_to_async(services.outbox_ack)(device_id=device.pk, seq=acked)
+        device, came_online = await database_sync_to_async(services.device_longpoll_seen)(
+            device_id=device.pk, poll_channel=poll_channel)
+    except ApplicationError as exc:
+        return _error(exc.status, exc.code, exc.detail)
+    if came_online:
+        await database_sync_to_async(_send_signal)(signals.device_connected, device=device, hello={})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.DEVICE_LONGPOLL_HOLD_SEC
+    beat = settings.DEVICE_HEARTBEAT_SEC
+    last_seen = loop.time()
+    reply = {"deviceId": str(device.pk), "heartbeatSec": beat, "holdSec": settings.DEVICE_LONGPOLL_HOLD_SEC}
+    try:
+        while True:
+            rows, status, channel = await database_sync_to_async(_poll_state)(device.pk, acked)
+            if status != Device.Status.ACTIVE:
+                return _error(403, "revoked", protocol.CLOSE_REASONS[protocol.CLOSE_REVOKED])
+            if rows:
+                return JsonResponse({**reply, "items": _items(rows)})
+            if channel.startswith(LONGPOLL_PREFIX) and channel != poll_channel:
+                return _error(409, "replaced", "A newer long poll of this device took over.")
+            now = loop.time()
+            if now >= deadline:
+                return JsonResponse({**reply, "items": []})
+            if now - last_seen >= beat:
+                last_seen = now
+                await database_sync_to_async(services.device_longpoll_seen)(device_id=device.pk,
+                                                                            poll_channel=poll_channel)
+            await asyncio.sleep(min(settings.DEVICE_LONGPOLL_TICK_SEC, max(0.0, deadline - now)))
+    except asyncio.CancelledError:
+        # The client went away mid-hold (Django cancels the view): offline now, not after the window.
+        gone = await database_sync_to_async(services.device_disconnected)(device_id=device.pk,
+                                                                          channel_name=poll_channel)
+        if gone is not None:
+            await database_sync_to_async(_send_signal)(signals.device_disconnected, device=gone)
+        raise
+
+
+@csrf_exempt
+@require_POST
+async def push(request: HttpRequest) -> JsonResponse:
+    device = await _device(request)
+    if isinstance(device, JsonResponse):
+        return device
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    request_id, method, params = body.get("id"), body.get("method"), body.get("params", {})
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int) or not str(request_id) \
+            or len(str(request_id)) > 64:
+        return _error(400, "invalid_request", "id must be a string or integer (at most 64 characters)")
+    if not isinstance(method, str) or not method or len(method) > 64:
+        return _error(400, "invalid_request", "method must be a non-empty string")
+    if not isinstance(params, dict):
+        return JsonResponse({"id": request_id, "error": {"code": protocol.INVALID_PARAMS,
+                                                         "message": "params must be an object"}})
+    response = await database_sync_to_async(rpc.dispatch)(device, request_id, method, params)
+    return JsonResponse({"id": request_id, **response})
