@@ -4,6 +4,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from ai1net.accounts.selectors import mobile_reply_active
@@ -46,6 +47,23 @@ def queue_depth(*, user: Any) -> int:
     return waiting + queued
 
 
+def today_counts(*, user: Any) -> dict[str, int]:
+    """Today's questions (since local midnight): asked, and how each was settled."""
+    now = timezone.now()
+    midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    decided_today = Q(decided_at__gte=midnight)
+    states = Question.State
+    # Expiry is written lazily: a pending question whose time is up counts as expired already.
+    expired = Q(expires_at__gte=midnight) & (Q(state=states.EXPIRED) | Q(state=states.PENDING, expires_at__lte=now))
+    return Question.objects.filter(device__owner=user).aggregate(
+        asked=Count("pk", filter=Q(created_at__gte=midnight)),
+        answered_on_phone=Count("pk", filter=decided_today & Q(state=states.ANSWERED)),
+        answered_on_desktop=Count("pk", filter=decided_today & Q(state=states.ANSWERED_ON_DESKTOP)),
+        moved_to_desktop=Count("pk", filter=decided_today & Q(state=states.MOVED_TO_DESKTOP)),
+        expired=Count("pk", filter=expired),
+    )
+
+
 def mobile_state(*, user: Any) -> dict:
     bridges = Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE)
     return {
@@ -58,4 +76,5 @@ def mobile_state(*, user: Any) -> dict:
         ],
         "queue_depth": queue_depth(user=user),
         "sessions": open_sessions(user=user),
+        "today": today_counts(user=user),
     }

@@ -147,7 +147,9 @@
     list.forEach(function (b) {
       $bridges.appendChild(el("span", { "data-testid": "bridge", "data-device-id": b.device_id }, [
         document.createTextNode(b.name + " "),
-        el("span", { class: "badge " + (b.online ? "online" : "offline"), text: b.online ? "online" : "offline" })
+        el("span", { class: "badge " + (b.online ? "online" : "offline"), text: b.online ? "online" : "offline" }),
+        el("span", { class: "muted", "data-testid": "bridge-seen",
+                     text: b.online || !b.last_seen_at ? "" : " last seen " + new Date(b.last_seen_at).toLocaleTimeString() })
       ]));
     });
   }
