@@ -99,7 +99,8 @@ async def test_token_in_the_url_is_not_accepted(paired):
 
 # --- hello and presence -----------------------------------------------------------------------
 
-async def test_hello_makes_the_device_online_and_pushes_presence(paired, user):
+async def test_hello_makes_the_device_online_and_pushes_presence(paired, user, settings):
+    settings.DEVICE_HEARTBEAT_SEC = 20
     device, token = paired
     layer = get_channel_layer()
     page = await layer.new_channel()
