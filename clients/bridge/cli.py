@@ -23,7 +23,7 @@ from typing import List, Optional
 from clients.bridge import __version__
 
 DEFAULT_HOME = Path("~/.config/ai1net")
-COMMAND_MODULES = ("clients.bridge.hooks_cli",)
+COMMAND_MODULES = ("clients.bridge.hooks_cli", "clients.bridge.service")
 EXIT_USAGE = 2
 
 
