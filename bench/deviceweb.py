@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -92,7 +93,9 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
 
     try:
         port = free_port()
-        start([str(Path(PY).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
+        profile = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE_DAPHNE"]] if os.environ.get(
+            "BENCH_PROFILE_DAPHNE") else []
+        start([PY, *profile, str(Path(PY).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
                "ai1net.asgi:application"], "daphne.log")
         server = f"http://127.0.0.1:{port}"
         wait_for(lambda: httpx.get(f"{server}/healthz").status_code == 200, 30, "daphne")
@@ -106,7 +109,9 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
                                          name="bench"))
         client_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
         handle = open(tmp / "bridge.log", "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen([PY, "-m", "clients.bridge", "--home", str(home), "run", "--expose",
+        profile = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE_BRIDGE"]] if os.environ.get(
+            "BENCH_PROFILE_BRIDGE") else []
+        procs.append(subprocess.Popen([PY, *profile, "-m", "clients.bridge", "--home", str(home), "run", "--expose",
                                        str(web_port)], cwd=ROOT, env=client_env, stdout=handle,
                                       stderr=subprocess.STDOUT))
         wait_for(lambda: Device.objects.get(pk=device.pk).is_online, 30, "the bridge")
@@ -155,12 +160,13 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
             print(f"{name:34} {through:12.1f} {straight:12.1f} {through / straight:7.3f}", flush=True)
     finally:
         for proc in reversed(procs):
-            proc.terminate()
+            proc.send_signal(signal.SIGINT)  # the bridge stops cleanly (and writes its profile)
         for proc in procs:
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        user.delete()  # and its device: leave a shared DATABASE_URL as we found it
 
 
 if __name__ == "__main__":

@@ -176,12 +176,13 @@ WEB_WS_CLOSE = "web.ws_close"
 
 WEB_PORT_MIN = 20000
 WEB_PORT_MAX = 20999
-WEB_CHUNK_BYTES = 64 * 1024  # raw bytes per web.data (base64 makes the frame ~88 KB)
-WEB_WINDOW_BYTES = 1024 * 1024
-WEB_MIN_FRAME_COST = 16 * 1024  # so a stream of tiny frames (SSE) has at most 64 in flight
-# Larger WebSocket messages close the socket with 1009. At most half the window: a receiver returns
-# credit in quarter-window batches, so a sender waiting for room for one more frame always gets it.
-WEB_WS_MAX_MESSAGE = WEB_WINDOW_BYTES // 2
+WEB_CHUNK_BYTES = 256 * 1024  # raw bytes per web.data (base64 makes the frame ~350 KB)
+WEB_WINDOW_BYTES = 2 * 1024 * 1024
+WEB_MIN_FRAME_COST = 32 * 1024  # so a stream of tiny frames (SSE) has at most 64 in flight
+# Larger WebSocket messages close the socket (4009). At most half the window (a receiver returns credit
+# in quarter-window batches, so a sender waiting for room for one more frame always gets it), and small
+# enough that its base64 frame stays under daphne's default WebSocket message limit (1 MiB).
+WEB_WS_MAX_MESSAGE = 512 * 1024
 WEB_MAX_HEAD_BYTES = 64 * 1024  # request or response line + headers
 WEB_MAX_HEADERS = 100
 

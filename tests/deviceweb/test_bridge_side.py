@@ -167,7 +167,15 @@ async def test_credit_bounds_what_the_device_sends_and_a_slow_platform_stalls_on
             credited = len(fast)
         await until(lambda: any(m == protocol.WEB_END and p["stream"] == "fast" for m, p in sent))
         assert data_bytes("fast") == size
-        assert data_bytes("slow") == protocol.WEB_WINDOW_BYTES  # stopped exactly at the window
+
+        def slow_cost() -> int:
+            return sum(protocol.web_frame_cost(len(base64.b64decode(p["data"])))
+                       for m, p in sent if m == protocol.WEB_DATA and p["stream"] == "slow")
+
+        # "slow" used up its window and stopped there, without an end: it waits for credit.
+        await until(lambda: slow_cost() > protocol.WEB_WINDOW_BYTES - protocol.WEB_CHUNK_BYTES)
+        assert slow_cost() <= protocol.WEB_WINDOW_BYTES < size
+        assert not any(m == protocol.WEB_END and p["stream"] == "slow" for m, p in sent)
     finally:
         await forwarder.close()
         server.close()

@@ -15,6 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from clients import protocol
 from tests.deviceweb.support import Bridge, Upstream, browser, enable_device_web, rss_kib
 from tests.deviceweb.upstream import pattern
 
@@ -106,7 +107,7 @@ async def _echo(url: str, origin: str, cookie: str) -> None:
                        open_timeout=20) as ws:
         await ws.send("hello")
         assert await ws.recv() == "hello"
-        blob = bytes(range(256)) * 2048  # 512 KiB, binary: the largest message device web relays
+        blob = bytes(range(256)) * (protocol.WEB_WS_MAX_MESSAGE // 256)  # binary, the largest message relayed
         await ws.send(blob)
         assert await ws.recv() == blob
         # Many messages in a row: more than the credit window, delivered in order.
@@ -115,7 +116,7 @@ async def _echo(url: str, origin: str, cookie: str) -> None:
         for i in range(300):
             assert (await ws.recv()).startswith(f"{i}:")
     async with connect(url, additional_headers={"Cookie": cookie}, origin=origin, max_size=4 * MIB) as ws:
-        await ws.send(b"x" * (512 * 1024 + 1))  # too large: closed with 4009 (cf. 1009), nothing half-sent
+        await ws.send(b"x" * (protocol.WEB_WS_MAX_MESSAGE + 1))  # too large: closed with 4009 (cf. 1009)
         with pytest.raises(ConnectionClosed) as closed:
             await ws.recv()
         assert closed.value.rcvd.code == 4009
