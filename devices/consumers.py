@@ -20,7 +20,8 @@ Channel-layer messages another process or consumer may send to ``device_group(de
   notification from the device whose ``params.stream`` equals ``stream`` is sent to reply_channel as
   ``{"type": "device.stream", "stream", "frame": {...parsed message...}}``; when the tunnel closes,
   reply_channel gets ``{"type": "device.stream.closed", "stream"}``.
-- ``{"type": "device.stream_close", "stream": str}``: forget the stream.
+- ``{"type": "device.stream_close", "stream": str, "ack": bool}``: forget the stream; with ``ack``, send
+  reply_channel a last ``{"type": "device.stream.closed", "stream"}``.
 """
 
 from __future__ import annotations
@@ -403,7 +404,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.streams[str(message["stream"])] = message["reply_channel"]
 
     async def device_stream_close(self, message: dict[str, Any]) -> None:
-        self.streams.pop(str(message["stream"]), None)
+        reply_channel = self.streams.pop(str(message["stream"]), None)
+        if reply_channel is not None and message.get("ack"):
+            # The last message of the stream: its reader drains up to here, so nothing is left behind
+            # in a channel nobody reads (channels-redis would keep it in the process's buffer).
+            await self.channel_layer.send(reply_channel, {"type": "device.stream.closed", "stream": message["stream"]})
 
     async def _offline_reply(self, call_id: str, reply_channel: str) -> None:
         await self.channel_layer.send(reply_channel, {"type": "device.call.reply", "call_id": call_id, "response": {

@@ -136,6 +136,7 @@ class HttpStream:
         self.started = False
         self.finished = False
         self.writable: Writable | None = None
+        self.tunnel_closed = False  # the tunnel connection ended: it sends nothing more on our channel
 
     async def run(self) -> None:
         layer = get_channel_layer()
@@ -186,7 +187,8 @@ class HttpStream:
                 await asyncio.gather(uploader, return_exceptions=True)
             if self.writable is not None:
                 self.writable.close()
-            await self.link.close(reset)
+            if not self.tunnel_closed:
+                await self.link.close(reset, drain=True)
 
     def _abort(self) -> None:
         if self.writable is not None:
@@ -233,6 +235,7 @@ class HttpStream:
             except TimeoutError:
                 raise DeviceTimeout(f"The device did not answer within {timeout:g} s.") from None
             if message.get("type") == "device.stream.closed":
+                self.tunnel_closed = True
                 raise DeviceOffline("The device disconnected.")
             if message.get("stream") != self.link.stream or not isinstance(message.get("frame"), dict):
                 continue

@@ -27,6 +27,7 @@ from clients import protocol
 _PREFIX = re.compile(rb"^/d/[^/]+/[^/]+")
 FULL_RETRY_SEC = 0.02  # a full tunnel channel: back off this long, doubling ...
 FULL_GIVE_UP_SEC = 10.0  # ... and give the stream up after this long
+DRAIN_SEC = 5.0  # how long a finished stream reads its channel for the tunnel's last word
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection", b"te",
@@ -76,17 +77,28 @@ class TunnelLink:
         await self._send({"type": "device.forward",
                           "frame": protocol.notification(method, dict(params, stream=self.stream))})
 
-    async def close(self, reset_reason: str | None = None) -> None:
-        """Forget the stream on the tunnel; with a reason, tell the device to abort it first."""
+    async def close(self, reset_reason: str | None = None, *, drain: bool = False) -> None:
+        """Forget the stream on the tunnel; with a reason, tell the device to abort it first. With
+        ``drain``, read our reply channel up to the tunnel's last word on the stream, so frames still
+        in flight do not stay behind in the layer (the caller owns the channel and reads it only here)."""
         if not self.opened:
             return
         self.opened = False
         try:
             if reset_reason:
                 await self.frame(protocol.WEB_RESET, {"reason": reset_reason, "detail": ""})
-            await self._send({"type": "device.stream_close", "stream": self.stream})
+            await self._send({"type": "device.stream_close", "stream": self.stream, "ack": drain})
         except LinkLost:
-            pass
+            return
+        if drain:
+            try:
+                async with asyncio.timeout(DRAIN_SEC):
+                    while True:
+                        message = await self.layer.receive(self.reply)
+                        if message.get("type") == "device.stream.closed":
+                            return
+            except TimeoutError:
+                pass
 
 
 class Credit:

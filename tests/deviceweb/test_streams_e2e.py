@@ -97,6 +97,27 @@ def test_a_slow_reader_stalls_its_own_stream_not_the_tunnel(stack, user, passwor
             slow.close()
 
 
+def test_a_browser_that_leaves_mid_download_ends_only_its_stream(stack, user, password):
+    """The device is told (web.reset), its late frames are dropped quietly (not counted as abuse), and
+    the tunnel stays up for the next request."""
+    from devices.models import Device
+
+    server, upstream, bridge, _ = stack
+    connections = Device.objects.get(pk=bridge.device.pk).connection_count
+    with browser(server, user.username, password) as web:
+        for _ in range(5):
+            with web.stream("GET", f"{bridge.prefix}/{upstream.port}/bytes", params={"n": 100 * MIB}) as response:
+                assert response.status_code == 200
+                got = 0
+                for chunk in response.iter_raw(65536):
+                    got += len(chunk)
+                    if got > 3 * MIB:
+                        break  # leave: the connection closes with most of the body unsent
+        assert web.get(f"{bridge.prefix}/{upstream.port}/small").text == "ok"
+    device = Device.objects.get(pk=bridge.device.pk)
+    assert device.is_online and device.connection_count == connections  # the same tunnel all along
+
+
 async def _echo_through(url: str, origin: str, cookie: str) -> None:
     async with asyncio.timeout(60):
         await _echo(url, origin, cookie)
