@@ -49,6 +49,13 @@ if PUBLIC_URL:
 
 # Operators' emergency stops: when off, they override every user's own switch.
 MOBILE_REPLY_ENABLED = env_bool("AI1NET_MOBILE_REPLY", True)
+# Phone -> agent messages (mobile.pacing): per session, a daily budget, a quiet period after each
+# injection, a rate (released messages per window; the excess waits in order) and a waiting-line cap.
+MOBILE_MESSAGE_DAILY_BUDGET = int(os.environ.get("AI1NET_MESSAGE_DAILY_BUDGET", "100"))
+MOBILE_MESSAGE_QUIET_SEC = float(os.environ.get("AI1NET_MESSAGE_QUIET_SEC", "5"))
+MOBILE_MESSAGE_RATE = int(os.environ.get("AI1NET_MESSAGE_RATE", "10"))
+MOBILE_MESSAGE_RATE_WINDOW_SEC = float(os.environ.get("AI1NET_MESSAGE_RATE_WINDOW_SEC", "60"))
+MOBILE_MESSAGE_QUEUE_MAX = int(os.environ.get("AI1NET_MESSAGE_QUEUE_MAX", "20"))
 DEVICE_WEB_ENABLED = env_bool("AI1NET_DEVICE_WEB", True)
 # Probes: how long a write/command waits for its approval; whether an agent's API token may approve
 # (off: approvals come from a person's session, in Studio or on the phone).

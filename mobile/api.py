@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from ai1net.accounts.selectors import mobile_reply_active
 from ai1net.exceptions import Forbidden, NotFound
 from im.access import http_otp_satisfied
-from mobile import selectors, services
+from mobile import pacing, selectors, services
 
 
 def client_ip(request: Request) -> str | None:
@@ -35,6 +35,7 @@ class MobileView(APIView):
 class PendingView(MobileView):
     def get(self, request: Request) -> Response:
         services.questions_expire_due(user=request.user)
+        services.messages_release_due(user=request.user)
         body = {"questions": selectors.pending_questions(user=request.user)}
         if request.query_params.get("recent"):
             body["recent"] = selectors.recent_questions(user=request.user)
@@ -60,6 +61,7 @@ class AnswerView(MobileView):
 
 class StateView(MobileView):
     def get(self, request: Request) -> Response:
+        services.messages_release_due(user=request.user)
         return Response(selectors.mobile_state(user=request.user))
 
 
@@ -73,7 +75,8 @@ class SessionMessageView(MobileView):
         serializer.is_valid(raise_exception=True)
         message = services.phone_message_send(actor=request.user, session_id=session_id,
                                               text=serializer.validated_data["text"], ip=client_ip(request))
-        return Response({"message_id": str(message.pk), "state": message.state}, status=201)
+        return Response({"message_id": str(message.pk), "state": message.state,
+                         **pacing.waiting_info(message=message)}, status=201)
 
 
 class KeepGoingSerializer(serializers.Serializer):

@@ -78,8 +78,10 @@ def session_updated(session: AgentSession, *, owner_id: Any) -> None:
     send_on_commit(user_group(owner_id), {"type": SESSION_UPDATED, "session": session_data(session)})
 
 
-def message_updated(message: PhoneMessage, *, owner_id: Any) -> None:
-    send_on_commit(user_group(owner_id), {"type": MESSAGE_UPDATED, "message": message_data(message)})
+def message_updated(message: PhoneMessage, *, owner_id: Any, extra: dict | None = None) -> None:
+    """``extra``: e.g. a waiting message's ``position`` and ``release_at`` (see mobile.pacing)."""
+    send_on_commit(user_group(owner_id), {"type": MESSAGE_UPDATED,
+                                          "message": {**message_data(message), **(extra or {})}})
 
 
 def switch_changed(*, user_id: Any, enabled: bool) -> None:

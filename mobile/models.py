@@ -98,7 +98,8 @@ class PhoneMessage(models.Model):
     """Free text from the phone to an agent session, queued on the device until a hook injects it."""
 
     class State(models.TextChoices):
-        QUEUED = "queued", "Queued"
+        WAITING = "waiting", "Waiting (paced)"  # held on the platform by mobile.pacing, in order
+        QUEUED = "queued", "Queued"  # released: in the device's outbox
         DELIVERED = "delivered", "Delivered"
         CONSUMED = "consumed", "Consumed"
 
@@ -108,10 +109,12 @@ class PhoneMessage(models.Model):
     text = models.TextField()
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True, help_text="Put into the device's outbox.")
     consumed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]
+        indexes = [models.Index(fields=["session", "state", "created_at"])]
 
     def __str__(self) -> str:
         return f"message {self.pk} ({self.state})"

@@ -22,3 +22,4 @@ def on_switch_changed(sender: Any, user: Any, switch: str, enabled: bool, **kwar
 def on_device_connected(sender: Any, device: Device, **kwargs: Any) -> None:
     if device.kind == Device.Kind.BRIDGE:
         services.switch_broadcast(user=device.owner, devices=[device])
+        services.messages_release_due(device=device)

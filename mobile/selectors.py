@@ -34,9 +34,14 @@ def recent_questions(*, user: Any) -> list[dict]:
 
 
 def open_sessions(*, user: Any) -> list[dict]:
-    sessions = (AgentSession.objects.filter(device__owner=user, state=AgentSession.State.OPEN,
-                                            device__status=Device.Status.ACTIVE).order_by("-created_at"))
-    return [session_data(s) for s in sessions[:50]]
+    sessions = list(AgentSession.objects.filter(device__owner=user, state=AgentSession.State.OPEN,
+                                                device__status=Device.Status.ACTIVE).order_by("-created_at")[:50])
+    waiting: dict[int, list[dict]] = {}
+    for message in (PhoneMessage.objects.filter(session__in=sessions, state=PhoneMessage.State.WAITING)
+                    .order_by("created_at", "pk")):
+        line = waiting.setdefault(message.session_id, [])
+        line.append({"message_id": str(message.pk), "text": message.text, "position": len(line) + 1})
+    return [{**session_data(s), "waiting_messages": waiting.get(s.pk, [])} for s in sessions]
 
 
 def queue_depth(*, user: Any) -> int:

@@ -32,7 +32,7 @@ from devices.models import Device, OutboxItem
 from devices.services import outbox_enqueue
 from im import services as im_services
 from im.models import Message, Panel, Room
-from mobile import events
+from mobile import events, pacing
 from mobile.models import AgentSession, Answer, PhoneMessage, Question
 
 # The hook gives up after window_sec; the question stays answerable a moment longer so an answer
@@ -199,6 +199,25 @@ def session_end(*, device: Device, session_id: str, reason: str = "") -> dict:
                    data={"device_id": str(device.pk), "session_id": session_id, "reason": str(reason)[:64],
                          "cancelled": [str(q.pk) for q in waiting]})
     return {}
+
+
+HOOK_EVENTS = {
+    "PostToolUse": "The agent received the answer.",
+    "Stop": "The agent finished its turn.",
+}
+
+
+def hook_event_record(*, device: Device, session_id: str, event: str, tool_use_id: str = "") -> dict:
+    """A hook the agent host ran (PostToolUse, Stop) shows in the session's room as an event."""
+    _require_bridge(device)
+    if event not in HOOK_EVENTS:
+        raise ValidationFailed(f"event must be one of {', '.join(sorted(HOOK_EVENTS))}.")
+    session = AgentSession.objects.filter(device=device, session_id=session_id).select_related("room").first()
+    if session is None or session.room is None:
+        return {"recorded": False}
+    im_services.message_post(room=session.room, author_device=device, kind="event",
+                             body={"event": event, "tool_use_id": tool_use_id, "text": HOOK_EVENTS[event]})
+    return {"recorded": True}
 
 
 def _session_for_question(device: Device, session_id: str) -> AgentSession:
@@ -392,6 +411,8 @@ def messages_consume(*, device: Device, message_ids: Any) -> dict:
         for message in mine:
             message.state = PhoneMessage.State.CONSUMED
             events.message_updated(message, owner_id=device.owner_id)
+        for session in {m.session_id: m.session for m in mine}.values():
+            pacing.messages_release(session=session)  # schedules the next one after the quiet period
     return {}
 
 
@@ -511,16 +532,30 @@ def phone_message_send(*, actor: Any, session_id: str, text: Any, ip: str | None
     if len(text) > MAX_TEXT_CHARS:
         raise ValidationFailed(f"A message holds at most {MAX_TEXT_CHARS} characters.")
     session = _own_session(actor, session_id)
+    try:
+        pacing.check_send(session=session, text=text)
+    except ApplicationError as exc:
+        _audit(actor=actor, action="mobile.message_refused", ip=ip,
+               data={"session_id": session.session_id, "reason": exc.code, "chars": len(text)})
+        raise
     with transaction.atomic():
-        message = PhoneMessage.objects.create(session=session, author=actor, text=text.strip())
-        outbox_enqueue(device=session.device, kind=OUTBOX_MESSAGE, payload={
-            "message_id": str(message.pk), "session_id": session.session_id, "text": message.text})
+        # Written waiting; the pacer releases it into the device's outbox now or when it is due.
+        message = PhoneMessage.objects.create(session=session, author=actor, text=text.strip(),
+                                              state=PhoneMessage.State.WAITING)
         im_services.message_post(room=session.room, author_user=actor, kind=Message.Kind.TEXT,
                                  body={"text": message.text, "phone_message_id": str(message.pk)})
         _audit(actor=actor, action="mobile.message", ip=ip,
                data={"session_id": session.session_id, "message_id": str(message.pk), "chars": len(message.text)})
-        events.message_updated(message, owner_id=actor.pk)
+        pacing.messages_release(session=session)
+        message.refresh_from_db()
     return message
+
+
+def messages_release_due(*, user: Any = None, device: Device | None = None) -> int:
+    """Release the paced phone messages that are due, for the user's or one bridge's open sessions."""
+    sessions = AgentSession.objects.filter(state=AgentSession.State.OPEN)
+    sessions = sessions.filter(device=device) if device is not None else sessions.filter(device__owner=user)
+    return pacing.sessions_release_due(sessions=sessions)
 
 
 def keep_going_set(*, actor: Any, session_id: str, enabled: bool, ip: str | None = None) -> AgentSession:

@@ -244,6 +244,9 @@ def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style
 
 def _stop(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
     body = {"session_id": event["session_id"], "stop_hook_active": bool(event.get("stop_hook_active"))}
+    said = event.get("last_assistant_message")
+    if isinstance(said, str) and said:
+        body["last_assistant_message"] = said[:100_000]  # so the agent's own words never come back as input
     first = daemon.post("stop", body, timeout=2.0)
     if first.get("state") == "message":
         return stop_output(str(first["text"]))

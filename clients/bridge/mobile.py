@@ -29,6 +29,7 @@ from .store import OPEN_STATES, Store
 log = logging.getLogger("ai1net.bridge.mobile")
 
 STOP_CAP = 5  # consecutive Stop blocks per session
+LAST_SAID_CHARS = 100_000  # of the agent's last message, kept to spot it coming back as a "phone" message
 HOOK_GRACE_SEC = 10.0  # a question nobody polls for this long after its window is handed to the desktop
 MAX_WAIT_SEC = 60.0
 QUESTION_CALL_TIMEOUT = 15.0
@@ -84,6 +85,7 @@ class MobileBridge:
         self._waiting: Dict[str, int] = {}
         self._waiting_sessions: Dict[str, int] = {}
         self._last_poll: Dict[str, float] = {}
+        self._agent_said: Dict[str, str] = {}  # session -> the agent's last message (normalised), from Stop
         self._tasks: List[asyncio.Task] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -341,6 +343,8 @@ class MobileBridge:
     async def _desktop_answer(self, body: Dict[str, Any]) -> Dict[str, Any]:
         session_id = _text(body, "session_id", limit=200)
         tool_use_id = _text(body, "tool_use_id", required=False, limit=200)
+        # The room shows that the agent got its answer, wherever it came from.
+        self._report("mobile.hook_event", {"session_id": session_id, "event": "PostToolUse", "tool_use_id": tool_use_id})
         question = self.store.question_for_tool_use(tool_use_id) if tool_use_id else None
         if question is None:
             return {"skipped": "unknown_question"}  # never reached the phone: nothing to tell
@@ -371,6 +375,19 @@ class MobileBridge:
         messages = self.store.messages_queued(session_id)
         if not messages:
             return []
+        echo = self._agent_said.get(session_id)
+        if echo:
+            # The agent's own last words coming back (a phone that forwards them) never restart it.
+            echoes = [m for m in messages if _normal(m["text"]) == echo]
+            for message in echoes:
+                if self.store.message_consume(message["message_id"]):
+                    self.audit.write("message.echo_dropped", session_id=session_id,
+                                     message_id=message["message_id"])
+            if echoes:
+                self._report("mobile.message_consumed", {"message_ids": [m["message_id"] for m in echoes]})
+            messages = [m for m in messages if m not in echoes]
+            if not messages:
+                return []
         self.audit.write(event, session_id=session_id, message_ids=[m["message_id"] for m in messages])
         taken = [m for m in messages if self.store.message_consume(m["message_id"])]
         if taken:
@@ -396,6 +413,10 @@ class MobileBridge:
 
     async def _stop(self, body: Dict[str, Any]) -> Dict[str, Any]:
         session_id = _text(body, "session_id", limit=200)
+        self._report("mobile.hook_event", {"session_id": session_id, "event": "Stop"})
+        said = body.get("last_assistant_message")
+        if isinstance(said, str) and said.strip():
+            self._agent_said[session_id] = _normal(said[:LAST_SAID_CHARS])
         if not self._keep_going(session_id):
             return {"state": "no"}
         if not body.get("stop_hook_active"):
@@ -474,6 +495,10 @@ class MobileBridge:
         if not message_id or not session_id or not isinstance(text, str):
             log.warning("ignoring a malformed mobile.message")
             return
+        if payload.get("author") != "user":
+            # No self-excitation: only what a person typed on the phone is ever injected.
+            self.audit.write("message.refused", message_id=message_id, session_id=session_id, reason="not_user")
+            return
         if self.store.message_insert(message_id=message_id, session_id=session_id, text=text):
             self.audit.write("message.queued", message_id=message_id, session_id=session_id)
             self._wake()
@@ -544,6 +569,10 @@ class MobileBridge:
             if last_poll is not None and now - last_poll < self.hook_grace_sec:
                 continue
             self._move(question_id, "hook_gone")
+
+
+def _normal(text: str) -> str:
+    return " ".join(str(text).split()).casefold()
 
 
 def _timeout(body: Dict[str, Any]) -> float:

@@ -171,7 +171,7 @@
         api("POST", "/api/mobile/sessions/" + encodeURIComponent(s.session_id) + "/messages", { text: value })
           .then(function (r) {
             send.disabled = false;
-            if (r.ok) { text.value = ""; logLine(card, r.data.message_id, "Sent: " + value); }
+            if (r.ok) { text.value = ""; logLine(card, r.data.message_id, messageLine(Object.assign({ text: value }, r.data))); }
             else note(card, r.data.detail || "Not sent.");
           });
       });
@@ -196,10 +196,23 @@
     var ended = s.state === "ended";
     card.querySelector(".m-compose").hidden = ended;
     card.classList.toggle("m-ended", ended);
+    (s.waiting_messages || []).forEach(function (w) {
+      logLine(card, w.message_id, messageLine({ state: "waiting", text: w.text, position: w.position }));
+    });
     return card;
   }
 
   function note(card, text) { card.querySelector(".m-note").textContent = text; }
+
+  // Paced messages wait on the platform, in order: say so, with the place in line.
+  function messageLine(m) {
+    if (m.state === "consumed") return "Read by the agent: " + m.text;
+    if (m.state === "waiting") {
+      var when = m.release_at ? " (next one at " + new Date(m.release_at).toLocaleTimeString() + ")" : "";
+      return "Waiting, " + (m.position || "?") + " in line" + when + ": " + m.text;
+    }
+    return "Sent: " + m.text;
+  }
 
   function logLine(card, id, text) {
     var log = card.querySelector(".m-log");
@@ -303,7 +316,7 @@
         break;
       case "mobile.message.updated": {
         var card = sessionCards[event.message.session_id];
-        if (card) logLine(card, event.message.message_id, (event.message.state === "consumed" ? "Read by the agent: " : "Sent: ") + event.message.text);
+        if (card) logLine(card, event.message.message_id, messageLine(event.message));
         break;
       }
       case "mobile.switch.changed": if (!event.enabled) switchOff(); break;

@@ -252,7 +252,7 @@ async def test_switch_off_meanwhile_silences_the_hook_and_switch_off_up_front_sk
 
 async def test_phone_messages_are_injected_once_and_keep_going_blocks_stop(bridge):
     platform = bridge.platform
-    await platform.push("mobile.message", {"message_id": "m1", "session_id": "sess-1", "text": "also update the docs"})
+    await platform.push("mobile.message", {"message_id": "m1", "session_id": "sess-1", "text": "also update the docs", "author": "user"})
     await until(lambda: platform.acked == 1)
     prompt = {"session_id": "sess-1", "hook_event_name": "UserPromptSubmit", "prompt": "go"}
     assert await bridge.hook(prompt) == {
@@ -271,7 +271,7 @@ async def test_phone_messages_are_injected_once_and_keep_going_blocks_stop(bridg
     hook = asyncio.ensure_future(bridge.hook(stop))
     await asyncio.sleep(0.5)
     assert not hook.done()
-    await platform.push("mobile.message", {"message_id": "m2", "session_id": "sess-1", "text": "now part B"})
+    await platform.push("mobile.message", {"message_id": "m2", "session_id": "sess-1", "text": "now part B", "author": "user"})
     assert await asyncio.wait_for(hook, 15) == {"decision": "block", "reason": "now part B"}
 
 

@@ -224,10 +224,10 @@ async def test_the_same_tool_use_is_one_question(bridge):
 
 
 async def test_phone_messages_are_injected_once_each(bridge):
-    await bridge.on_message({"message_id": "m1", "session_id": "s1", "text": "use tabs"})
-    await bridge.on_message({"message_id": "m1", "session_id": "s1", "text": "use tabs"})  # replay
-    await bridge.on_message({"message_id": "m2", "session_id": "s1", "text": "and run tests"})
-    await bridge.on_message({"message_id": "m3", "session_id": "s2", "text": "other session"})
+    await bridge.on_message({"message_id": "m1", "session_id": "s1", "text": "use tabs", "author": "user"})
+    await bridge.on_message({"message_id": "m1", "session_id": "s1", "text": "use tabs", "author": "user"})  # replay
+    await bridge.on_message({"message_id": "m2", "session_id": "s1", "text": "and run tests", "author": "user"})
+    await bridge.on_message({"message_id": "m3", "session_id": "s2", "text": "other session", "author": "user"})
     first = await bridge.dispatch("user-prompt-submit", {"session_id": "s1"})
     assert [m["text"] for m in first["messages"]] == ["use tabs", "and run tests"]
     assert await bridge.dispatch("user-prompt-submit", {"session_id": "s1"}) == {"messages": []}
@@ -243,14 +243,14 @@ async def test_stop_keeps_going_with_the_next_phone_message_up_to_a_cap(bridge):
     assert await bridge.dispatch("stop", {"session_id": "s1", "stop_hook_active": False}) == {"state": "wait"}
     waiter = asyncio.ensure_future(bridge.dispatch("sessions/wait-message", {"session_id": "s1", "timeout": 10}))
     await asyncio.sleep(0.02)
-    await bridge.on_message({"message_id": "m1", "session_id": "s1", "text": "now do part B"})
+    await bridge.on_message({"message_id": "m1", "session_id": "s1", "text": "now do part B", "author": "user"})
     assert await asyncio.wait_for(waiter, 2) == {"state": "message", "text": "now do part B"}
 
     for n in range(2, bridge.stop_cap + 1):
-        await bridge.on_message({"message_id": f"m{n}", "session_id": "s1", "text": f"step {n}"})
+        await bridge.on_message({"message_id": f"m{n}", "session_id": "s1", "text": f"step {n}", "author": "user"})
         result = await bridge.dispatch("stop", {"session_id": "s1", "stop_hook_active": True})
         assert result == {"state": "message", "text": f"step {n}"}
-    await bridge.on_message({"message_id": "over", "session_id": "s1", "text": "one too many"})
+    await bridge.on_message({"message_id": "over", "session_id": "s1", "text": "one too many", "author": "user"})
     assert await bridge.dispatch("stop", {"session_id": "s1", "stop_hook_active": True}) == {"state": "no"}
     # A stop the user caused at the desk (stop_hook_active false) starts counting again.
     assert (await bridge.dispatch("stop", {"session_id": "s1", "stop_hook_active": False}))["text"] == "one too many"

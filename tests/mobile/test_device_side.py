@@ -133,7 +133,8 @@ def test_phone_message_is_queued_for_the_bridge_and_consumed_once(phone, bridge)
     assert response.status_code == 201, response.json()
     message_id = response.json()["message_id"]
     [item] = outbox(bridge, "mobile.message")
-    assert item.payload == {"message_id": message_id, "session_id": "sess-1", "text": "Also update the changelog."}
+    assert item.payload == {"message_id": message_id, "session_id": "sess-1", "text": "Also update the changelog.",
+                            "author": "user"}
     assert phone.get("/api/mobile/state").json()["queue_depth"] == 2  # the question + the message
     assert call(bridge, "mobile.message_consumed", {"message_ids": [message_id]}) == {"result": {}}
     assert PhoneMessage.objects.get(pk=message_id).state == "consumed"
@@ -242,3 +243,17 @@ def test_deleting_a_user_takes_their_sessions_rooms_and_questions(bridge, mobile
     ask(bridge)
     mobile_user.delete()
     assert Question.objects.count() == 0 and AgentSession.objects.count() == 0 and Room.objects.count() == 0
+
+
+def test_hook_events_show_in_the_sessions_room(bridge):
+    call(bridge, "mobile.session_start", {"session_id": "s1"})
+    assert call(bridge, "mobile.hook_event", {"session_id": "s1", "event": "PostToolUse", "tool_use_id": "t1"})[
+        "result"] == {"recorded": True}
+    assert call(bridge, "mobile.hook_event", {"session_id": "s1", "event": "Stop"})["result"] == {"recorded": True}
+    room = AgentSession.objects.get(device=bridge, session_id="s1").room
+    events = [m.body["event"] for m in room.messages.filter(kind="event").order_by("seq")]
+    assert events[-2:] == ["PostToolUse", "Stop"]
+    refused = call(bridge, "mobile.hook_event", {"session_id": "s1", "event": "rm -rf"})
+    assert refused["error"]["code"] == protocol.INVALID_PARAMS
+    assert call(bridge, "mobile.hook_event", {"session_id": "unknown", "event": "Stop"})["result"] == {
+        "recorded": False}
