@@ -73,3 +73,11 @@ def session_end(device: Device, params: dict) -> dict:
     p = _params(params)
     return services.session_end(device=device, session_id=_str(p, "session_id", limit=200),
                                 reason=_str(p, "reason", required=False, limit=64))
+
+
+@device_method("mobile.hook_event")
+def hook_event(device: Device, params: dict) -> dict:
+    p = _params(params)
+    return services.hook_event_record(device=device, session_id=_str(p, "session_id", limit=200),
+                                      event=_str(p, "event", limit=32),
+                                      tool_use_id=_str(p, "tool_use_id", required=False, limit=200))

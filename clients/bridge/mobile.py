@@ -344,7 +344,8 @@ class MobileBridge:
         session_id = _text(body, "session_id", limit=200)
         tool_use_id = _text(body, "tool_use_id", required=False, limit=200)
         # The room shows that the agent got its answer, wherever it came from.
-        self._report("mobile.hook_event", {"session_id": session_id, "event": "PostToolUse", "tool_use_id": tool_use_id})
+        self._report("mobile.hook_event",
+                     {"session_id": session_id, "event": "PostToolUse", "tool_use_id": tool_use_id})
         question = self.store.question_for_tool_use(tool_use_id) if tool_use_id else None
         if question is None:
             return {"skipped": "unknown_question"}  # never reached the phone: nothing to tell

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from im.models import Message
 from mobile.models import AgentSession
 from tests.e2e_support import ROOT, wait_until
 
@@ -99,10 +100,16 @@ def test_the_real_claude_code_receives_the_phones_answer(world, tmp_path, mode):
     if mode == "print":
         assert "FINAL_TEXT_FROM_FAKE_MODEL" in (run_dir / "claude.stdout").read_text()
 
-    # Every hook reached the bridge; SessionEnd reached the platform (the session's room closes).
+    # Every hook reached the bridge; PostToolUse, Stop and SessionEnd reached the platform: the first two
+    # as events in the session's room, the last by ending the session (its room closes).
     session_id = question["session_id"]
     wait_until(lambda: AgentSession.objects.get(session_id=session_id).state == AgentSession.State.ENDED,
                timeout=20, message="the session ended on the platform")
+    room = AgentSession.objects.get(session_id=session_id).room
+    wait_until(lambda: {"PostToolUse", "Stop"} <= {
+        m.body.get("event") for m in Message.objects.filter(room=room, kind="event")},
+        timeout=20, message="PostToolUse and Stop in the session's room")
+    assert room.state == "closed"
     log = desk.process.log()
     for route in ("session-start", "user-prompt-submit", "pre-tool-use", "questions/wait", "post-tool-use", "stop",
                   "session-end"):
