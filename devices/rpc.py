@@ -19,8 +19,8 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from ai1net.exceptions import ApplicationError, ValidationFailed
-from clients import protocol
+from ai1net.exceptions import ApplicationError, PayloadTooLarge, ValidationFailed
+from clients import limits, protocol
 from devices.models import Device, DeviceRequest
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,11 @@ def dispatch(device: Device, request_id: Any, method: str, params: dict[str, Any
     handler = _registry.get(method)
     if handler is None:
         return _error(protocol.METHOD_NOT_FOUND, f"unknown method {method!r}")
-    key = str(request_id)[:64]
+    key = str(request_id)
+    if len(key) > limits.LIMITS["rpc.id"].max:
+        exc = limits.LimitExceeded("rpc.id", "id", len(key))
+        return _error(protocol.INVALID_PARAMS, str(exc), {"code": "too_large", "detail": str(exc), "field": "id",
+                                                          "limit": exc.limit.max})
     stored = DeviceRequest.objects.filter(device=device, request_id=key).values_list("response", flat=True).first()
     if stored is not None:
         return stored
@@ -67,8 +71,9 @@ def dispatch(device: Device, request_id: Any, method: str, params: dict[str, Any
             try:
                 with transaction.atomic():
                     response: dict[str, Any] = {"result": handler(device, params)}
-            except ValidationFailed as exc:
-                response = _error(protocol.INVALID_PARAMS, exc.detail, {"code": exc.code, "detail": exc.detail})
+            except (ValidationFailed, PayloadTooLarge) as exc:  # oversize fields: -32602 naming field and limit
+                response = _error(protocol.INVALID_PARAMS, exc.detail,
+                                  {"code": exc.code, "detail": exc.detail, **exc.extra})
             except ApplicationError as exc:
                 response = _error(protocol.APPLICATION_ERROR, exc.detail,
                                   {"code": exc.code, "detail": exc.detail, **exc.extra})

@@ -5,18 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from ai1net.exceptions import ValidationFailed
+from ai1net.limits import enforce
 from devices.models import Device
 from devices.rpc import device_method
 from mobile import services
 
+# Each string parameter's declared limit (clients.limits).
+LIMIT_OF = {"session_id": "session.session_id", "cwd": "session.cwd", "source": "session.source",
+            "host": "session.host", "title": "session.title", "question_id": "question.question_id",
+            "tool_use_id": "question.tool_use_id", "reason": "session.reason", "event": "hook.event"}
 
-def _str(params: dict, key: str, *, required: bool = True, limit: int = 1000) -> str:
+
+def _str(params: dict, key: str, *, required: bool = True) -> str:
+    """A string parameter within its declared limit; oversize is refused (-32602), never cut."""
     value = params.get(key, "")
     if value is None:
         value = ""
     if not isinstance(value, str) or (required and not value):
         raise ValidationFailed(f"{key} must be a non-empty string." if required else f"{key} must be a string.")
-    return value[:limit]
+    return enforce(LIMIT_OF[key], value, key)
 
 
 def _params(params: Any) -> dict:
@@ -28,27 +35,27 @@ def _params(params: Any) -> dict:
 @device_method("mobile.session_start")
 def session_start(device: Device, params: dict) -> dict:
     p = _params(params)
-    return services.session_start(device=device, session_id=_str(p, "session_id", limit=200),
+    return services.session_start(device=device, session_id=_str(p, "session_id"),
                                   cwd=_str(p, "cwd", required=False),
-                                  source=_str(p, "source", required=False, limit=32),
-                                  host=_str(p, "host", required=False, limit=255),
-                                  title=_str(p, "title", required=False, limit=200))
+                                  source=_str(p, "source", required=False),
+                                  host=_str(p, "host", required=False),
+                                  title=_str(p, "title", required=False))
 
 
 @device_method("mobile.question")
 def question(device: Device, params: dict) -> dict:
     p = _params(params)
-    return services.question_create(device=device, question_id=_str(p, "question_id", limit=64),
-                                    session_id=_str(p, "session_id", limit=200),
-                                    tool_use_id=_str(p, "tool_use_id", required=False, limit=200),
+    return services.question_create(device=device, question_id=_str(p, "question_id"),
+                                    session_id=_str(p, "session_id"),
+                                    tool_use_id=_str(p, "tool_use_id", required=False),
                                     questions=p.get("questions"), window_sec=p.get("window_sec"))
 
 
 @device_method("mobile.question_moved")
 def question_moved(device: Device, params: dict) -> dict:
     p = _params(params)
-    return services.question_move(device=device, question_id=_str(p, "question_id", limit=64),
-                                  reason=_str(p, "reason", limit=32))
+    return services.question_move(device=device, question_id=_str(p, "question_id"),
+                                  reason=_str(p, "reason"))
 
 
 @device_method("mobile.desktop_answer")
@@ -57,8 +64,8 @@ def desktop_answer(device: Device, params: dict) -> dict:
     answers = p.get("answers") or {}
     if not isinstance(answers, dict):
         raise ValidationFailed("answers must map question text to the answer.")
-    return services.desktop_answer_record(device=device, session_id=_str(p, "session_id", limit=200),
-                                          tool_use_id=_str(p, "tool_use_id", required=False, limit=200),
+    return services.desktop_answer_record(device=device, session_id=_str(p, "session_id"),
+                                          tool_use_id=_str(p, "tool_use_id", required=False),
                                           question_id=p.get("question_id") or None, answers=answers)
 
 
@@ -71,13 +78,13 @@ def message_consumed(device: Device, params: dict) -> dict:
 @device_method("mobile.session_end")
 def session_end(device: Device, params: dict) -> dict:
     p = _params(params)
-    return services.session_end(device=device, session_id=_str(p, "session_id", limit=200),
-                                reason=_str(p, "reason", required=False, limit=64))
+    return services.session_end(device=device, session_id=_str(p, "session_id"),
+                                reason=_str(p, "reason", required=False))
 
 
 @device_method("mobile.hook_event")
 def hook_event(device: Device, params: dict) -> dict:
     p = _params(params)
-    return services.hook_event_record(device=device, session_id=_str(p, "session_id", limit=200),
-                                      event=_str(p, "event", limit=32),
-                                      tool_use_id=_str(p, "tool_use_id", required=False, limit=200))
+    return services.hook_event_record(device=device, session_id=_str(p, "session_id"),
+                                      event=_str(p, "event"),
+                                      tool_use_id=_str(p, "tool_use_id", required=False))
