@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 import uuid
 from datetime import datetime, timedelta
@@ -28,6 +29,8 @@ from ai1net.exceptions import (
     NotFound,
     ValidationFailed,
 )
+from ai1net.limits import enforce, enforce_questions
+from clients.limits import LIMITS
 from devices.models import Device, OutboxItem
 from devices.services import outbox_enqueue
 from im import services as im_services
@@ -39,7 +42,7 @@ from mobile.models import AgentSession, Answer, PhoneMessage, Question
 # sent at the last second is not refused while the hook is still reading its queue.
 EXPIRY_SLACK = timedelta(seconds=2)
 MAX_WINDOW_SEC = 3600
-MAX_TEXT_CHARS = 8000
+MAX_TEXT_CHARS = LIMITS["message.text"].max  # declared in clients.limits
 MOVED_REASONS = ("timeout", "switch_off", "hook_gone")
 
 OUTBOX_ANSWER = "mobile.answer"
@@ -80,6 +83,7 @@ def _audit(*, actor: Any, action: str, question: Question | None = None, subject
 
 def _clean_questions(questions: Any) -> list[dict]:
     """The AskUserQuestion contract: 1-4 questions, each with header and 2-4 labelled options."""
+    enforce_questions(questions)  # every size from clients.limits, before the shape
     if not isinstance(questions, list) or not 1 <= len(questions) <= 4:
         raise ValidationFailed("questions must be a list of 1 to 4 questions.")
     texts: set[str] = set()
@@ -87,7 +91,7 @@ def _clean_questions(questions: Any) -> list[dict]:
         if not isinstance(item, dict):
             raise ValidationFailed("Each question must be an object.")
         text = item.get("question")
-        if not isinstance(text, str) or not text.strip() or len(text) > 2000:
+        if not isinstance(text, str) or not text.strip():
             raise ValidationFailed("Each question needs its text.")
         if text in texts:
             raise ValidationFailed(f"The question {text!r} is asked twice.")
@@ -111,6 +115,8 @@ def _clean_answer(questions: list[dict], answers: Any, other: Any) -> tuple[dict
         other = {}
     if not isinstance(other, dict):
         raise ValidationFailed("other must map question text to free text.")
+    enforce("answer.answers", answers, "answers")
+    enforce("answer.answers", other, "other")
     by_text = {q["question"]: q for q in questions}
     for text in [*answers, *other]:
         if text not in by_text:
@@ -122,6 +128,7 @@ def _clean_answer(questions: list[dict], answers: Any, other: Any) -> tuple[dict
         labels = [raw] if isinstance(raw, str) else raw
         if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
             raise ValidationFailed(f"The answer to {text!r} must be a list of labels.")
+        enforce("answer.labels", labels, f"answers[{text!r}]")
         labels = list(dict.fromkeys(labels))
         known = [option["label"] for option in question["options"]]
         for label in labels:
@@ -130,8 +137,9 @@ def _clean_answer(questions: list[dict], answers: Any, other: Any) -> tuple[dict
         if len(labels) > 1 and not question.get("multiSelect", False):
             raise ValidationFailed(f"{text!r} takes one option.", code="single_select")
         note = other.get(text, "")
-        if not isinstance(note, str) or len(note) > MAX_TEXT_CHARS:
-            raise ValidationFailed(f"The other answer to {text!r} must be text up to {MAX_TEXT_CHARS} characters.")
+        if not isinstance(note, str):
+            raise ValidationFailed(f"The other answer to {text!r} must be text.")
+        enforce("answer.other", note, f"other[{text!r}]")
         note = note.strip()
         if not labels and not note:
             raise ValidationFailed(f"{text!r} has no answer yet.", code="unanswered")
@@ -365,6 +373,9 @@ def desktop_answer_record(*, device: Device, session_id: str, tool_use_id: str =
     if question is None:
         return {"state": "unknown"}
     answers = answers if isinstance(answers, dict) else {}
+    enforce("answer.answers", answers, "answers")
+    for text, value in answers.items():
+        enforce("answer.desktop", value if isinstance(value, str) else json.dumps(value), f"answers[{text!r}]")
     with transaction.atomic():
         taken = Question.objects.filter(
             pk=question.pk,
@@ -397,8 +408,9 @@ def messages_consume(*, device: Device, message_ids: Any) -> dict:
     _require_bridge(device)
     if not isinstance(message_ids, list):
         raise ValidationFailed("message_ids must be a list.")
+    enforce("message.ids", message_ids, "message_ids")
     ids = []
-    for raw in message_ids[:500]:
+    for raw in message_ids:
         try:
             ids.append(uuid.UUID(str(raw)))
         except ValueError:
@@ -529,8 +541,7 @@ def phone_message_send(*, actor: Any, session_id: str, text: Any, ip: str | None
     _require_active(actor)
     if not isinstance(text, str) or not text.strip():
         raise ValidationFailed("Write something first.")
-    if len(text) > MAX_TEXT_CHARS:
-        raise ValidationFailed(f"A message holds at most {MAX_TEXT_CHARS} characters.")
+    enforce("message.text", text, "text")
     session = _own_session(actor, session_id)
     try:
         pacing.check_send(session=session, text=text)
