@@ -38,7 +38,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from ai1net.exceptions import ApplicationError
-from clients import protocol
+from clients import limits, protocol
 from devices import events, rpc, selectors, services, signals
 from devices.access import socket_otp_satisfied
 from devices.models import Device
@@ -50,7 +50,6 @@ ABUSE_LIMIT = 20  # malformed frames ...
 ABUSE_WINDOW_SEC = 10.0  # ... within this many seconds close the tunnel with 4400
 SEEN_WRITE_SEC = 120.0  # last_seen_at is written at most this often while connected
 GROUP_REFRESH_SEC = 3600.0  # re-join the group well before the layer's group expiry (1 day)
-MAX_LIST = 200
 
 # Background tasks that outlive a consumer (ephemeral expiry): keep references so they run to the end.
 _background: set[asyncio.Task] = set()
@@ -94,16 +93,23 @@ def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
     capabilities = params.get("capabilities") or []
     roots = params.get("roots") or []
     ports = params.get("ports") or []
-    if not isinstance(capabilities, list) or not all(isinstance(c, str) and len(c) <= 100 for c in capabilities):
+    if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
         raise ValueError("capabilities must be a list of strings")
-    if not isinstance(roots, list) or not all(isinstance(r, str) and len(r) <= 4096 for r in roots):
+    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
         raise ValueError("roots must be a list of strings")
     if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
         raise ValueError("ports must be a list of integers")
-    if max(len(capabilities), len(roots), len(ports)) > MAX_LIST:
-        raise ValueError(f"at most {MAX_LIST} capabilities, roots or ports")
-    version_text = params.get("version", "")
-    return {"protocolVersion": version, "kind": device.kind, "version": str(version_text)[:50],
+    version_text = str(params.get("version", ""))
+    # Sizes declared in clients.limits; LimitExceeded is a ValueError: -32602 naming field and limit.
+    limits.check("hello.capabilities", capabilities, "capabilities")
+    limits.check("hello.roots", roots, "roots")
+    limits.check("hello.ports", ports, "ports")
+    for i, capability in enumerate(capabilities):
+        limits.check("hello.capability", capability, f"capabilities[{i}]")
+    for i, root in enumerate(roots):
+        limits.check("hello.root", root, f"roots[{i}]")
+    limits.check("hello.version", version_text, "version")
+    return {"protocolVersion": version, "kind": device.kind, "version": version_text,
             "capabilities": capabilities, "ports": ports, "roots": roots, "ackedSeq": acked}
 
 
@@ -158,7 +164,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self.closing or self.device is None:
             return
         self.last_received = self.loop.time()
-        if text_data is not None and len(text_data) > protocol.MAX_FRAME_BYTES:
+        if text_data is not None and len(text_data) > limits.LIMITS["frame"].max:
             await self.send(protocol.error(None, protocol.INVALID_REQUEST, "frame too large"))
             await self._close(protocol.CLOSE_PROTOCOL_ABUSE)
             return

@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from ai1net.exceptions import ApplicationError
-from clients import protocol
+from clients import limits, protocol
 from devices import rpc, selectors, services, signals
 from devices.models import LONGPOLL_PREFIX, Device
 
@@ -50,8 +50,9 @@ def _bearer(request: HttpRequest) -> str:
 
 
 def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
-    if len(request.body) > protocol.MAX_FRAME_BYTES:
-        return _error(413, "too_large", f"the body is larger than {protocol.MAX_FRAME_BYTES} bytes (frame limit)")
+    frame = limits.LIMITS["frame"]
+    if len(request.body) > frame.max:
+        return _error(413, "too_large", f"body is too large: at most {frame.max} {frame.unit} ({frame.what}).")
     try:
         body = json.loads(request.body or b"{}")
     except ValueError:
@@ -153,11 +154,15 @@ async def push(request: HttpRequest) -> JsonResponse:
     if isinstance(body, JsonResponse):
         return body
     request_id, method, params = body.get("id"), body.get("method"), body.get("params", {})
-    if isinstance(request_id, bool) or not isinstance(request_id, str | int) or not str(request_id) \
-            or len(str(request_id)) > 64:
-        return _error(400, "invalid_request", "id must be a string or integer (at most 64 characters)")
-    if not isinstance(method, str) or not method or len(method) > 64:
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int) or not str(request_id):
+        return _error(400, "invalid_request", "id must be a string or integer")
+    if not isinstance(method, str) or not method:
         return _error(400, "invalid_request", "method must be a non-empty string")
+    for name, field, value in (("rpc.id", "id", str(request_id)), ("rpc.method", "method", method)):
+        try:
+            limits.check(name, value, field)
+        except limits.LimitExceeded as exc:
+            return _error(413, "too_large", str(exc))
     if not isinstance(params, dict):
         return JsonResponse({"id": request_id, "error": {"code": protocol.INVALID_PARAMS,
                                                          "message": "params must be an object"}})

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from ai1net.accounts.services import audit_record, hash_secret
 from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, RateLimited, ValidationFailed
+from ai1net.limits import enforce
 from clients import protocol
 from devices import events
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
@@ -87,8 +88,11 @@ def pairing_create(*, name: str, kind: str, hostname: str = "", os_name: str = "
         raise RateLimited("Too many pairing requests from this address. Wait a few minutes.")
     _hit(key, PAIRING_CREATE_LIMIT)
     name = (name or "").strip()
-    if not name or len(name) > 100:
-        raise ValidationFailed("name is required (at most 100 characters).")
+    if not name:
+        raise ValidationFailed("name is required.")
+    for field, limit, value in (("name", "device.name", name), ("hostname", "device.hostname", hostname),
+                                ("os", "device.os", os_name), ("version", "device.version", version)):
+        enforce(limit, value or "", field)
     if kind not in Device.Kind.values:
         raise ValidationFailed(f"kind must be one of {', '.join(Device.Kind.values)}.")
     device_code = secrets.token_urlsafe(32)  # 256 bits
@@ -101,9 +105,9 @@ def pairing_create(*, name: str, kind: str, hostname: str = "", os_name: str = "
                     user_code_hash=hash_secret(user_code),
                     name=name,
                     kind=kind,
-                    hostname=(hostname or "")[:255],
-                    os=(os_name or "")[:100],
-                    client_version=(version or "")[:50],
+                    hostname=hostname or "",
+                    os=os_name or "",
+                    client_version=version or "",
                     ephemeral=bool(ephemeral),
                     requested_from=ip,
                     interval=settings.DEVICE_PAIRING_INTERVAL_SEC,
@@ -261,8 +265,9 @@ def device_create(*, owner: Any, name: str, kind: str, hostname: str = "", os_na
 
 def device_rename(*, device: Device, name: str) -> Device:
     name = (name or "").strip()
-    if not name or len(name) > 100:
-        raise ValidationFailed("name is required (at most 100 characters).")
+    if not name:
+        raise ValidationFailed("name is required.")
+    enforce("device.name", name, "name")
     Device.objects.filter(pk=device.pk).update(name=name)
     device.name = name
     return device
