@@ -9,11 +9,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from ai1net.exceptions import Conflict, NotFound, ValidationFailed
+from ai1net.limits import enforce
+from clients.limits import LIMITS
 from im import events, panels
 from im.models import Message, Panel, PanelAction, Room, RoomMember
 from im.selectors import access_panel, access_room
 
-MAX_TEXT_CHARS = 8000
+MAX_TEXT_CHARS = LIMITS["room.text"].max  # declared in clients.limits
 
 
 def room_create(*, kind: str, owner: Any, device: Any = None, agent_session_id: str = "", title: str = "") -> Room:
@@ -93,8 +95,7 @@ def text_post(*, actor: Any, room_id: Any, text: str) -> Message:
     text = (text or "").strip()
     if not text:
         raise ValidationFailed("Write something first.")
-    if len(text) > MAX_TEXT_CHARS:
-        raise ValidationFailed(f"A message holds at most {MAX_TEXT_CHARS} characters.")
+    enforce("room.text", text, "text")
     if not room.is_open:
         raise Conflict("This room is closed.", code="room_closed")
     return message_post(room=room, author_user=actor, kind=Message.Kind.TEXT, body={"text": text})

@@ -10,10 +10,12 @@ import hashlib
 import json
 from typing import Any
 
-from ai1net.exceptions import PayloadTooLarge, ValidationFailed
+from ai1net.exceptions import ValidationFailed
+from ai1net.limits import enforce
+from clients.limits import LIMITS
 from probes.models import ALL_OPS, OP_MODE
 
-MAX_ARGS_BYTES = 2 * 1024 * 1024  # a write's content travels in one tunnel frame (4 MiB cap)
+MAX_ARGS_BYTES = LIMITS["probe.args"].max  # a write's content travels in one tunnel frame (4 MiB cap)
 
 # Known argument names and their JSON types. Unknown names pass through to the probe (it validates
 # its own extras, e.g. caps); the approval covers them anyway because it is bound to the full hash.
@@ -70,8 +72,7 @@ def validate(op: Any, args: Any) -> tuple[str, dict[str, Any]]:
         args = {}
     if not isinstance(args, dict):
         raise ValidationFailed("args: must be an object.", code="invalid_args")
-    if len(json.dumps(args, ensure_ascii=False).encode("utf-8")) > MAX_ARGS_BYTES:
-        raise PayloadTooLarge(f"args: larger than {MAX_ARGS_BYTES} bytes.")
+    enforce("probe.args", args, "args")  # declared in clients.limits: 413 naming the field and the limit
     for name, value in args.items():
         if _has_nul(name) or _has_nul(value):
             # No path holds a NUL, and PostgreSQL's JSON cannot store one: refused on every database alike.

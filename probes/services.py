@@ -27,6 +27,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ai1net.exceptions import ApplicationError, Conflict, RateLimited
+from clients import limits
 from devices.models import Device
 from probes import selectors
 from probes.models import APPROVAL_OPS, ProbeCommand
@@ -274,6 +275,10 @@ def commands_fail_in_flight(*, device: Device) -> int:
 
 def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dict | None = None) -> None:
     in_flight = ProbeCommand.objects.filter(pk=command.pk, state=State.SENT)
+    try:
+        limits.check("probe.result", result, "result")
+    except limits.LimitExceeded as exc:  # declared in clients.limits: store the refusal, not the result
+        state, result, error = State.FAILED, None, {"code": "too_large", "detail": str(exc)}
     try:
         finished = in_flight.update(
             state=state, result=_without_nul(result), error=_without_nul(error), finished_at=timezone.now()
