@@ -238,6 +238,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Mobile reply, probes and device web.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Operation ids and tags come from the path after /api/ whatever else gets routed.
+    "SCHEMA_PATH_PREFIX": r"/api/",
+    "PREPROCESSING_HOOKS": ["ai1net.schema.add_longpoll_endpoints"],
+    "APPEND_COMPONENTS": {"securitySchemes": {
+        "deviceToken": {"type": "http", "scheme": "bearer",
+                        "description": "The device token from POST /api/devices/pairings/token."},
+    }},
 }
 
 LOGGING = {

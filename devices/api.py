@@ -8,13 +8,14 @@ from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clients.limits import LIMITS
 from ai1net.schema import DEVICE_TOKEN, ErrorSerializer, errors
+from clients.limits import LIMITS
 from devices import selectors, services
 from devices.access import OtpSatisfied
 from devices.models import Device, PairingRequest
@@ -222,7 +223,8 @@ class DeviceListView(APIView):
 class DeviceDetailView(APIView):
     permission_classes = [IsAuthenticated, OtpSatisfied]
 
-    @extend_schema(operation_id="devices_retrieve", tags=["devices"], responses={200: DeviceSerializer, **DEVICE_ERRORS})
+    @extend_schema(operation_id="devices_retrieve", tags=["devices"],
+                   responses={200: DeviceSerializer, **DEVICE_ERRORS})
     def get(self, request: Request, device_id: str) -> Response:
         return Response(DeviceSerializer(selectors.access_device(user=request.user, device_id=device_id)).data)
 
@@ -251,6 +253,8 @@ class DeviceRevokeView(APIView):
 class BridgePullSchema(APIView):
     """Schema only, never routed: ``POST /api/devices/bridge/pull`` is ``devices.longpoll.pull``."""
 
+    parser_classes = [JSONParser]
+
     @extend_schema(operation_id="devices_bridge_pull_create", tags=["devices"], auth=[{DEVICE_TOKEN: []}],
                    request=BridgePullInSerializer,
                    responses={200: BridgePullOutSerializer, **errors(400, 401, 403, 413),
@@ -264,6 +268,8 @@ class BridgePullSchema(APIView):
 
 class BridgePushSchema(APIView):
     """Schema only, never routed: ``POST /api/devices/bridge/push`` is ``devices.longpoll.push``."""
+
+    parser_classes = [JSONParser]
 
     @extend_schema(operation_id="devices_bridge_push_create", tags=["devices"], auth=[{DEVICE_TOKEN: []}],
                    request=BridgePushInSerializer,
