@@ -6,6 +6,7 @@ The processes share the test database: use these only from tests that have `tran
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,10 +14,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.db import connection
 
@@ -135,3 +137,19 @@ class Daphne(Process):
     def restart(self) -> None:
         self.stop()
         self.__init__(self.log_path.parent, port=self.port)  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def logged_in(server_url: str, username: str, password: str) -> Iterator[httpx.Client]:
+    """An HTTP session of a user on a real server, logged in through the login form (users without OTP)."""
+    with httpx.Client(base_url=server_url, timeout=15) as client:
+        client.get("/accounts/login/").raise_for_status()
+        response = client.post("/accounts/login/", data={
+            "username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]})
+        assert response.status_code == 302, response.text[:500]
+        yield client
+
+
+def csrf(client: httpx.Client) -> dict[str, str]:
+    """The header a browser-session POST needs."""
+    return {"X-CSRFToken": client.cookies["csrftoken"]}

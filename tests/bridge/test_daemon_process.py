@@ -17,27 +17,11 @@ import pytest
 from clients import protocol
 from clients.bridge.audit import AuditLog
 from clients.common.credentials import Credential, save_credential
+from tests.bridge.questions import FEATURES, FRAMEWORK
 from tests.clients.fakes import FakeTunnelServer
 from tests.e2e_support import ROOT, Process
 
 pytestmark = [pytest.mark.e2e]
-
-FRAMEWORK = {
-    "question": "Which framework?",
-    "header": "Framework",
-    "options": [{"label": "React", "description": "SPA"}, {"label": "Vue", "description": "SPA"}],
-    "multiSelect": False,
-}
-FEATURES = {
-    "question": "Which features?",
-    "header": "Features",
-    "options": [
-        {"label": "Auth", "description": "login"},
-        {"label": "Search", "description": "full text"},
-        {"label": "Export", "description": "CSV"},
-    ],
-    "multiSelect": True,
-}
 
 
 class Platform(FakeTunnelServer):

@@ -4,23 +4,7 @@ import io
 import json
 
 from clients.bridge import hook
-
-FRAMEWORK = {
-    "question": "Which framework?",
-    "header": "Framework",
-    "options": [{"label": "React", "description": "SPA"}, {"label": "Vue", "description": "SPA"}],
-    "multiSelect": False,
-}
-FEATURES = {
-    "question": "Which features?",
-    "header": "Features",
-    "options": [
-        {"label": "Auth", "description": "login"},
-        {"label": "Search", "description": "full text"},
-        {"label": "Export", "description": "CSV"},
-    ],
-    "multiSelect": True,
-}
+from tests.bridge.questions import FEATURES, FRAMEWORK
 
 
 def test_single_question_allow_echoes_the_questions_and_adds_answers():

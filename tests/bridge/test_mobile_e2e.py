@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,27 +22,12 @@ from clients.bridge.audit import AuditLog
 from clients.common.credentials import load_credential
 from devices.models import Device
 from mobile.models import AgentSession, Question
-from tests.e2e_support import ROOT, Daphne, Process, wait_until
+from tests.bridge.questions import FEATURES, FRAMEWORK
+from tests.e2e_support import ROOT, Daphne, Process, csrf, logged_in, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 FAST = {"AI1NET_HEARTBEAT_SEC": "2", "AI1NET_PAIRING_INTERVAL_SEC": "1"}
-FRAMEWORK = {
-    "question": "Which framework?",
-    "header": "Framework",
-    "options": [{"label": "React", "description": "SPA"}, {"label": "Vue", "description": "SPA"}],
-    "multiSelect": False,
-}
-FEATURES = {
-    "question": "Which features?",
-    "header": "Features",
-    "options": [
-        {"label": "Auth", "description": "login"},
-        {"label": "Search", "description": "full text"},
-        {"label": "Export", "description": "CSV"},
-    ],
-    "multiSelect": True,
-}
 DB_NAME = {
     "question": "Database name?",
     "header": "DB",
@@ -58,18 +42,9 @@ def client_env() -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def phone(server: Daphne, username: str, password: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=15) as client:
-        client.get("/accounts/login/").raise_for_status()
-        response = client.post("/accounts/login/", data={
-            "username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]})
-        assert response.status_code == 302, response.text[:500]
-        yield client
-
-
-def csrf(client: httpx.Client) -> dict[str, str]:
-    return {"X-CSRFToken": client.cookies["csrftoken"]}
+def phone(server: Daphne, username: str, password: str) -> contextlib.AbstractContextManager[httpx.Client]:
+    """The phone: an HTTP session of the user, logged in through the form."""
+    return logged_in(server.url, username, password)
 
 
 class Desk:

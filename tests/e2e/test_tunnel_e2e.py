@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -31,7 +30,7 @@ from django.db import connection
 from clients.common.credentials import Credential, load_credential
 from devices import services
 from devices.models import Device
-from tests.e2e_support import ROOT, Daphne, Process, server_env, wait_until
+from tests.e2e_support import ROOT, Daphne, Process, csrf, logged_in, server_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -98,19 +97,9 @@ class Bridge:
         assert [payload["n"] for _, kind, payload in inbox if kind == "test.item"] == list(range(1, total + 1))
 
 
-@contextlib.contextmanager
-def login(server: Daphne, username: str, password: str) -> Iterator[httpx.Client]:
+def login(server: Daphne, username: str, password: str) -> contextlib.AbstractContextManager[httpx.Client]:
     """An HTTP session of the owner on the real server (users without OTP log in in one step)."""
-    with httpx.Client(base_url=server.url, timeout=15) as client:
-        client.get("/accounts/login/").raise_for_status()
-        response = client.post("/accounts/login/", data={
-            "username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]})
-        assert response.status_code == 302, response.text[:500]
-        yield client
-
-
-def csrf(client: httpx.Client) -> dict[str, str]:
-    return {"X-CSRFToken": client.cookies["csrftoken"]}
+    return logged_in(server.url, username, password)
 
 
 def pair_bridge(server: Daphne, session: httpx.Client, home: Path, logs: Path) -> Credential:
