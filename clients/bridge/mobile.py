@@ -14,6 +14,7 @@ Every take and give-up is written to the audit log before it happens.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -21,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional
+
+from clients import limits
 
 from .audit import AuditLog
 from .local_api import RequestRefused
@@ -52,12 +55,25 @@ def error_code(exc: BaseException) -> Optional[str]:
     return None
 
 
-def _text(body: Dict[str, Any], key: str, *, required: bool = True, limit: int = 500) -> str:
+# Each field's declared limit (clients.limits): the platform refuses oversize input, so the bridge
+# refuses it first (the hook then fails open); display-only fields are cut to fit instead.
+LIMIT_OF = {"session_id": "session.session_id", "tool_use_id": "question.tool_use_id", "cwd": "session.cwd",
+            "source": "session.source", "title": "session.title", "question_id": "question.question_id",
+            "reason": "session.reason"}
+CUT_TO_FIT = ("cwd", "title")
+
+
+def _text(body: Dict[str, Any], key: str, *, required: bool = True) -> str:
     value = body.get(key, "")
     if value is None:
         value = ""
-    if not isinstance(value, str) or len(value) > limit or (required and not value):
+    if not isinstance(value, str) or (required and not value):
         raise RequestRefused(400, f"bad_{key}")
+    limit = limits.LIMITS[LIMIT_OF[key]].max
+    if len(value) > limit:
+        if key not in CUT_TO_FIT:
+            raise RequestRefused(413, f"{key}_too_large")
+        value = ("…" + value[-(limit - 1):]) if key == "cwd" else value[: limit - 1] + "…"
     return value
 
 
@@ -166,14 +182,14 @@ class MobileBridge:
         }
 
     async def _session_start(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
+        session_id = _text(body, "session_id")
         params = {
             "session_id": session_id,
-            "cwd": _text(body, "cwd", required=False, limit=4096),
-            "source": _text(body, "source", required=False, limit=50) or "startup",
+            "cwd": _text(body, "cwd", required=False),
+            "source": _text(body, "source", required=False) or "startup",
             "host": _hostname(),
         }
-        title = _text(body, "title", required=False, limit=500)
+        title = _text(body, "title", required=False)
         if title:
             params["title"] = title
         self.audit.write("session.start", session_id=session_id, source=params["source"])
@@ -196,9 +212,9 @@ class MobileBridge:
             self.store.set("switch", result["mobile_reply"])
 
     async def _ask(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
-        tool_use_id = _text(body, "tool_use_id", required=False, limit=200)
-        cwd = _text(body, "cwd", required=False, limit=4096)
+        session_id = _text(body, "session_id")
+        tool_use_id = _text(body, "tool_use_id", required=False)
+        cwd = _text(body, "cwd", required=False)
         tool_input = body.get("tool_input")
         if not isinstance(tool_input, dict):
             raise RequestRefused(400, "bad_tool_input")
@@ -209,6 +225,12 @@ class MobileBridge:
             or not all(isinstance(q, dict) and isinstance(q.get("question"), str) for q in questions)
         ):
             raise RequestRefused(400, "bad_questions")
+        try:
+            limits.check_questions(questions)
+        except limits.LimitExceeded as exc:
+            self.audit.write("question.refused", session_id=session_id, tool_use_id=tool_use_id, code="too_large",
+                             detail=str(exc))
+            raise RequestRefused(413, "questions_too_large") from None
         try:
             window = min(max(float(body.get("window_sec") or 120), 1.0), 3600.0)
         except (TypeError, ValueError):
@@ -285,7 +307,7 @@ class MobileBridge:
         return {"question_id": question_id, "expires_at": result.get("expires_at")}
 
     async def _wait_question(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        question_id = _text(body, "question_id", limit=100)
+        question_id = _text(body, "question_id")
         timeout = _timeout(body)
         deadline = time.monotonic() + timeout
         self._waiting[question_id] = self._waiting.get(question_id, 0) + 1
@@ -318,7 +340,7 @@ class MobileBridge:
         return {"state": "answered", "answers": question["answers"] or {}, "other": question["other"] or {}}
 
     async def _give_up_route(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        question_id = _text(body, "question_id", limit=100)
+        question_id = _text(body, "question_id")
         reason = body.get("reason") if body.get("reason") in ("timeout", "hook_gone") else "timeout"
         question = self.store.question(question_id)
         if question is None:
@@ -341,8 +363,8 @@ class MobileBridge:
         return moved
 
     async def _desktop_answer(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
-        tool_use_id = _text(body, "tool_use_id", required=False, limit=200)
+        session_id = _text(body, "session_id")
+        tool_use_id = _text(body, "tool_use_id", required=False)
         # The room shows that the agent got its answer, wherever it came from.
         self._report("mobile.hook_event",
                      {"session_id": session_id, "event": "PostToolUse", "tool_use_id": tool_use_id})
@@ -356,6 +378,14 @@ class MobileBridge:
         answers = _desktop_answers(body.get("tool_input"), body.get("tool_response"))
         if answers is None:
             return {"skipped": "no_answers"}
+        try:
+            limits.check("answer.answers", answers, "answers")
+            for text, value in answers.items():
+                limits.check("answer.desktop", value if isinstance(value, str) else json.dumps(value),
+                             f"answers[{text!r}]")
+        except limits.LimitExceeded as exc:
+            self.audit.write("desktop.answer_too_large", question_id=question["question_id"], detail=str(exc))
+            return {"skipped": "too_large"}
         self.audit.write(
             "desktop.answer", question_id=question["question_id"], tool_use_id=tool_use_id, answers=answers
         )
@@ -396,7 +426,7 @@ class MobileBridge:
         return taken
 
     async def _inject(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
+        session_id = _text(body, "session_id")
         taken = self._consume(session_id, "message.inject")
         return {"messages": [{"message_id": m["message_id"], "text": m["text"]} for m in taken]}
 
@@ -413,7 +443,7 @@ class MobileBridge:
         return {"state": "message", "text": "\n\n".join(m["text"] for m in taken)}
 
     async def _stop(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
+        session_id = _text(body, "session_id")
         self._report("mobile.hook_event", {"session_id": session_id, "event": "Stop"})
         said = body.get("last_assistant_message")
         if isinstance(said, str) and said.strip():
@@ -429,7 +459,7 @@ class MobileBridge:
         return self._block_with_messages(session_id) or {"state": "wait"}
 
     async def _wait_message(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
+        session_id = _text(body, "session_id")
         deadline = time.monotonic() + _timeout(body)
         self._waiting_sessions[session_id] = self._waiting_sessions.get(session_id, 0) + 1
         try:
@@ -450,8 +480,8 @@ class MobileBridge:
                 del self._waiting_sessions[session_id]
 
     async def _session_end(self, body: Dict[str, Any]) -> Dict[str, Any]:
-        session_id = _text(body, "session_id", limit=200)
-        reason = _text(body, "reason", required=False, limit=50) or "other"
+        session_id = _text(body, "session_id")
+        reason = _text(body, "reason", required=False) or "other"
         self.audit.write("session.end", session_id=session_id, reason=reason)
         self.store.session_upsert(session_id, ended=1, keep_going=0)
         for question in self.store.questions_open(session_id):

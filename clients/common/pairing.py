@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, TextIO
 
+from clients import limits
 from clients.common.credentials import Credential
 from clients.common.http import post_json
 
@@ -38,6 +39,12 @@ def pair(
 ) -> Credential:
     base = normalize_url(url)
     body = {"name": name, "kind": kind, "hostname": hostname or "", "os": os_name or "", "version": version}
+    try:  # the platform's declared limits, checked before anything is sent
+        for key, limit in (("name", "device.name"), ("hostname", "device.hostname"), ("os", "device.os"),
+                           ("version", "device.version")):
+            limits.check(limit, body[key], key)
+    except limits.LimitExceeded as exc:
+        raise PairingError(str(exc)) from None
     if ephemeral:
         body["ephemeral"] = True
     try:

@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from clients import protocol
+from clients import limits, protocol
 from clients.common.longpoll import LongPollClient
 
 log = logging.getLogger("ai1net.tunnel")
@@ -215,8 +215,9 @@ class Tunnel:
         """Device -> platform request. Waits across reconnects and resends with the same id, so the
         platform answers a retry from its stored first result. Raises RemoteError, asyncio.TimeoutError."""
         request_id = str(uuid.uuid4())
-        if len(protocol.request(method, params or {}, request_id).encode("utf-8")) > protocol.MAX_FRAME_BYTES:
-            raise ValueError(f"{method}: the request is larger than {protocol.MAX_FRAME_BYTES} bytes")
+        frame = limits.LIMITS["frame"].max  # declared in clients.limits (= protocol.MAX_FRAME_BYTES)
+        if len(protocol.request(method, params or {}, request_id).encode("utf-8")) > frame:
+            raise ValueError(f"{method}: the request is larger than {frame} bytes")
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
         self._pending_calls[request_id] = (method, dict(params or {}))
