@@ -50,11 +50,18 @@ def _bearer(request: HttpRequest) -> str:
 
 
 def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    # Read the stream, not request.body: a device request may use the whole frame, above Django's
+    # DATA_UPLOAD_MAX_MEMORY_SIZE; the frame limit (clients.limits) is the cap here.
     frame = limits.LIMITS["frame"]
-    if len(request.body) > frame.max:
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    raw = b"" if declared > frame.max else request.read(frame.max + 1)
+    if declared > frame.max or len(raw) > frame.max:
         return _error(413, "too_large", f"body is too large: at most {frame.max} {frame.unit} ({frame.what}).")
     try:
-        body = json.loads(request.body or b"{}")
+        body = json.loads(raw or b"{}")
     except ValueError:
         return _error(400, "parse_error", "the body is not JSON")
     if not isinstance(body, dict):

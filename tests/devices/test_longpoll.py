@@ -129,3 +129,10 @@ async def test_a_second_pull_replaces_the_first(user, hold, settings):
     await database_sync_to_async(outbox_enqueue)(device=device, kind="k", payload={"x": 1})
     answered = await asyncio.wait_for(second, 5)
     assert [i["payload"] for i in answered.json()["items"]] == [{"x": 1}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_push_takes_a_request_up_to_the_frame_limit(client, user, hold):
+    device, token = _bridge(user)
+    body = {"id": "big", "method": "devices.ping", "params": {"pad": "x" * (3 * 1024 * 1024)}}  # > Django's 2.5 MB
+    assert _post(client, PUSH, body, token).json()["result"]["pong"] is True
