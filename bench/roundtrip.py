@@ -1,0 +1,464 @@
+#!/usr/bin/env python
+"""Mobile reply round trip, beside a bare Channels echo measured in the same run (issue 4).
+
+    .venv/bin/python bench/roundtrip.py                                # both configurations, 500 questions
+    .venv/bin/python bench/roundtrip.py --questions 100 --config embedded
+
+Configurations (each sets up its own database and starts its own processes):
+- embedded: a temp SQLite file (manage.py migrate) + the in-memory channel layer;
+- scaled:   PostgreSQL (a fresh database on postgres@127.0.0.1:5432, dropped at the end) + Redis
+            (redis://127.0.0.1:6379/0, a unique AI1NET_REDIS_PREFIX, its keys deleted at the end).
+
+In each: one daphne (access log off) serving ``bench.bench_asgi:application`` (ai1net plus the bare
+``/ws/echo`` consumer, same settings and channel layer), a user with mobile reply on logged in as the
+phone (session cookie; ``/ws/mobile`` opened with a matching Origin), a bridge paired through the
+JSON API and its daemon running. Then, one question at a time, in one agent session:
+
+- leg 1 (hook):  t0 = the hook subprocess is started (``python -m clients.bridge hook``, PreToolUse
+                 AskUserQuestion on stdin) -> t1 = the phone's socket receives ``mobile.question.created``;
+                 includes the interpreter start-up of the hook;
+- leg 2 (hook):  the phone POSTs /api/mobile/answer (CSRF) -> t2 = the hook prints its JSON line;
+- leg 1 (local): the same question asked through the daemon's loopback API (POST /v1/pre-tool-use with
+                 the secret from <home>/local.json) -> the phone's socket receives it (no interpreter);
+- leg 2 (local): the phone POSTs the answer -> the pending POST /v1/questions/wait returns it.
+
+Echo: the round trip of a 200-byte JSON text message on ``/ws/echo`` (direct send, the bare baseline;
+ratios are against it) and, for reference, on ``/ws/echo-layer`` (through a channel-layer group_send,
+the path the phone's doorbell takes). Figures are milliseconds; p99 over 500 samples is the 5th-worst.
+Run time: about 7 minutes for both configurations at 500 questions on 2 cores (printed as an estimate
+after the warm-up); use --questions to shorten it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+VENV_BIN = Path(sys.executable).parent
+
+import httpx  # noqa: E402
+import websockets  # noqa: E402
+
+from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
+
+PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 173})  # 200 bytes
+PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+USERNAME, PASSWORD = "bench-phone", "bench correct horse battery staple"
+SESSION_ID = "bench-session"
+WARMUP = 5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def ms(start: float, end: float) -> float:
+    return (end - start) * 1000
+
+
+def client_env() -> dict[str, str]:
+    """What the user's desktop runs with: nothing of the server's configuration."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "REDIS_URL",
+                                                                     "AI1NET_REDIS"))}
+    env.update({"PYTHONUNBUFFERED": "1", "AI1NET_BACKOFF_CAP": "1"})
+    return env
+
+
+class Proc:
+    """A child in its own process group, output to a log file; stop() ends that group only."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.log_path = log
+        self._log = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.alive:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+async def wait_for(condition, timeout: float, message: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - keep polling; report the last error at the deadline
+            last = exc
+        await asyncio.sleep(interval)
+    raise RuntimeError(f"timed out after {timeout}s waiting for {message}: {last!r}")
+
+
+# --- configuration: database, user ------------------------------------------------------------
+
+@contextlib.contextmanager
+def postgres_database():
+    import psycopg
+
+    name = f"bench_roundtrip_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgres://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def redis_prefix():
+    import redis
+
+    prefix = f"benchrt{os.getpid()}{secrets.token_hex(3)}"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            keys = list(client.scan_iter(f"{prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+
+
+def prepare_database(env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    script = (
+        "from django.contrib.auth import get_user_model\n"
+        f"u = get_user_model().objects.create_user(username={USERNAME!r}, password={PASSWORD!r})\n"
+        "u.mobile_reply_enabled = True\n"
+        "u.save(update_fields=['mobile_reply_enabled'])\n"
+    )
+    subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", script], cwd=ROOT, env=env, check=True)
+
+
+# --- the world: daphne, phone, bridge ---------------------------------------------------------
+
+class World:
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.env = env
+        self.workdir = workdir
+        self.home = workdir / "bridge-home"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.procs: list[Proc] = []
+        self.phone: httpx.AsyncClient | None = None
+        self.daemon: Daemon | None = None
+        self.answer_ms: list[float] = []
+        self.socket = None
+        self.reader: asyncio.Task | None = None
+        self.arrivals: dict[str, asyncio.Future] = {}
+
+    async def start(self) -> None:
+        daphne = Proc([str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
+                       "bench.bench_asgi:application"], self.workdir / "daphne.log", self.env)
+        self.procs.append(daphne)
+
+        def healthy() -> bool:
+            if not daphne.alive:
+                raise SystemExit(f"daphne exited:\n{daphne.log()[-3000:]}")
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:  # noqa: S310 - loopback
+                return response.status == 200
+
+        await wait_for(healthy, 60, "daphne")
+        self.phone = httpx.AsyncClient(base_url=self.url, timeout=30)
+        (await self.phone.get("/accounts/login/")).raise_for_status()
+        login = await self.phone.post("/accounts/login/", data={
+            "username": USERNAME, "password": PASSWORD, "csrfmiddlewaretoken": self.phone.cookies["csrftoken"]})
+        if login.status_code != 302:
+            raise SystemExit(f"login failed: {login.status_code} {login.text[:300]}")
+        await self.pair()
+        daemon = Proc([sys.executable, "-m", "clients.bridge", "--home", str(self.home), "run"],
+                      self.workdir / "bridge.log", client_env())
+        self.procs.append(daemon)
+        await wait_for(lambda: (self.home / "local.json").exists(), 30, "the daemon's local API")
+
+        async def online() -> bool:
+            state = (await self.phone.get("/api/mobile/state")).json()
+            return any(b["online"] for b in state["bridges"])
+
+        await wait_for(online, 30, "the bridge's tunnel")
+        self.daemon = Daemon(str(self.home))
+        cookie = "; ".join(f"{k}={v}" for k, v in self.phone.cookies.items())
+        self.socket = await websockets.connect(f"{self.ws_url}/ws/mobile", ping_interval=None, max_size=None,
+                                               additional_headers={"Cookie": cookie, "Origin": self.url})
+        snapshot = json.loads(await self.socket.recv())
+        assert snapshot["type"] == "mobile.snapshot", snapshot
+        self.reader = asyncio.create_task(self._read())
+
+    async def pair(self) -> None:
+        pairing = Proc([sys.executable, "-m", "clients.bridge", "--home", str(self.home), "pair", self.url,
+                        "--name", "bench-desk"], self.workdir / "pair.log", client_env())
+        self.procs.append(pairing)
+        match = await wait_for(lambda: re.search(r"code: ([A-Z0-9]{4}-[A-Z0-9]{4})", pairing.log()), 30,
+                               "the pairing user code")
+        approved = await self.phone.post(f"/api/devices/pairings/code/{match.group(1)}/approve", headers=self.csrf)
+        approved.raise_for_status()
+        await wait_for(lambda: not pairing.alive, 30, "pair to finish")
+        if pairing.popen.returncode != 0:
+            raise SystemExit(f"pair failed:\n{pairing.log()}")
+
+    @property
+    def csrf(self) -> dict[str, str]:
+        return {"X-CSRFToken": self.phone.cookies["csrftoken"]}
+
+    async def _read(self) -> None:
+        async for raw in self.socket:
+            now = time.perf_counter()
+            event = json.loads(raw)
+            if event.get("type") == "mobile.question.created":
+                question = event["question"]
+                future = self.arrivals.get(question["questions"][0]["question"])
+                if future is not None and not future.done():
+                    future.set_result((now, question))
+
+    def expect(self, text: str) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.arrivals[text] = future
+        return future
+
+    async def answer(self, question: dict, text: str) -> None:
+        body = {"question_id": question["question_id"], "nonce": question["nonce"], "answers": {text: ["Yes"]}}
+        start = time.perf_counter()
+        response = await self.phone.post("/api/mobile/answer", json=body, headers=self.csrf)
+        self.answer_ms.append(ms(start, time.perf_counter()))
+        if response.status_code != 200:
+            raise RuntimeError(f"answer refused: {response.status_code} {response.text[:300]}")
+
+    async def stop(self) -> None:
+        if self.reader:
+            self.reader.cancel()
+        if self.socket:
+            await self.socket.close()
+        if self.phone:
+            await self.phone.aclose()
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+# --- measurements ------------------------------------------------------------------------------
+
+def ask_event(text: str, n: int) -> dict:
+    return {"session_id": SESSION_ID, "transcript_path": "/tmp/bench.jsonl", "cwd": "/tmp/bench",
+            "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "AskUserQuestion",
+            "tool_input": {"questions": [{"question": text, "header": "Bench", "multiSelect": False, "options": [
+                {"label": "Yes", "description": "go on"}, {"label": "No", "description": "stop"}]}]},
+            "tool_use_id": f"toolu_bench_{n}"}
+
+
+async def echo_rtt(url: str, samples: int) -> list[float]:
+    async with websockets.connect(url, ping_interval=None) as ws:
+        for _ in range(20):
+            await ws.send(PAYLOAD)
+            await ws.recv()
+        times = []
+        for _ in range(samples):
+            start = time.perf_counter()
+            await ws.send(PAYLOAD)
+            await ws.recv()
+            times.append(ms(start, time.perf_counter()))
+        return times
+
+
+async def hook_run(world: World, event: dict) -> tuple[asyncio.subprocess.Process, float]:
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "clients.bridge", "--home", str(world.home), "hook", cwd=ROOT, env=client_env(),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc.stdin.write(json.dumps(event).encode())
+    proc.stdin.close()
+    return proc, t0
+
+
+async def hook_noop(world: World, samples: int) -> list[float]:
+    """The hook's own start-up: spawn -> exit, with AI1NET_MOBILE_OFF=1 (reads stdin, asks nobody)."""
+    env = dict(client_env(), AI1NET_MOBILE_OFF="1")
+    times = []
+    for n in range(samples):
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clients.bridge", "--home", str(world.home), "hook", cwd=ROOT, env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
+        await proc.communicate(json.dumps(ask_event("noop", n)).encode())
+        times.append(ms(t0, time.perf_counter()))
+    return times
+
+
+async def one_hook_question(world: World, n: int) -> tuple[float, float]:
+    text = f"Hook question {n}: go on?"
+    arrival = world.expect(text)
+    proc, t0 = await hook_run(world, ask_event(text, n))
+    try:
+        t1, question = await asyncio.wait_for(arrival, 30)
+        start = time.perf_counter()
+        posted = asyncio.create_task(world.answer(question, text))
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        t2 = time.perf_counter()
+        await posted
+        output = json.loads(line)
+        assert output["hookSpecificOutput"]["updatedInput"]["answers"] == {text: "Yes"}, output
+        stderr = await proc.stderr.read()
+        assert await proc.wait() == 0 and not stderr, stderr
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return ms(t0, t1), ms(start, t2)
+
+
+async def one_local_question(world: World, n: int) -> tuple[float, float]:
+    """As the hook does it (its own Daemon client: one connection per request), minus the interpreter."""
+    text = f"Local question {n}: go on?"
+    arrival = world.expect(text)
+    event = ask_event(text, 100_000 + n)
+    body = {"session_id": SESSION_ID, "tool_use_id": event["tool_use_id"], "tool_input": event["tool_input"],
+            "cwd": event["cwd"], "window_sec": 120}
+    t0 = time.perf_counter()
+    asked = await asyncio.to_thread(world.daemon.post, "pre-tool-use", body, 20.0)
+    t1, question = await asyncio.wait_for(arrival, 30)
+    waiting = asyncio.create_task(asyncio.to_thread(
+        world.daemon.post, "questions/wait", {"question_id": asked["question_id"], "timeout": 25}, 30.0))
+    start = time.perf_counter()
+    await world.answer(question, text)
+    result = await asyncio.wait_for(waiting, 30)
+    t2 = time.perf_counter()
+    assert result.get("state") == "answered" and result["answers"] == {text: ["Yes"]}, result
+    return ms(t0, t1), ms(start, t2)
+
+
+async def run_config(name: str, label: str, env: dict[str, str], args, workdir: Path) -> list[tuple]:
+    print(f"\n== {name}: {label} ==  (logs: {workdir})", flush=True)
+    load_before = os.getloadavg()[0]
+    prepare_database(env)
+    world = World(env, workdir)
+    try:
+        await world.start()
+        echo = await echo_rtt(f"{world.ws_url}/ws/echo", args.questions)
+        echo_layer = await echo_rtt(f"{world.ws_url}/ws/echo-layer", args.questions)
+        start = {"session_id": SESSION_ID, "transcript_path": "/tmp/bench.jsonl", "cwd": "/tmp/bench",
+                 "hook_event_name": "SessionStart", "source": "startup"}
+        proc, _ = await hook_run(world, start)
+        await proc.communicate()
+        noop = await hook_noop(world, min(args.questions, 100))
+        began = time.perf_counter()
+        for n in range(WARMUP):
+            await one_hook_question(world, -1 - n)
+            await one_local_question(world, -1 - n)
+        each = (time.perf_counter() - began) / WARMUP
+        print(f"  ~{each * 1000:.0f} ms per question pair; {args.questions} pairs ~{each * args.questions:.0f} s",
+              flush=True)
+        hook1, hook2, local1, local2 = [], [], [], []
+        world.answer_ms.clear()
+        for n in range(args.questions):  # interleaved, so both see the same conditions
+            a, b = await one_hook_question(world, n)
+            hook1.append(a)
+            hook2.append(b)
+            a, b = await one_local_question(world, n)
+            local1.append(a)
+            local2.append(b)
+        echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", args.questions)
+    finally:
+        await world.stop()
+    echo_all = echo + echo_after
+    rows = [
+        ("echo: bare Channels WS round trip, 200 B", echo_all),
+        ("echo via layer group_send (reference)", echo_layer),
+        ("hook no-op: spawn -> exit (MOBILE_OFF=1)", noop),
+        ("leg 1 hook: hook start -> phone WS", hook1),
+        ("leg 1 local: POST /v1/pre-tool-use -> WS", local1),
+        ("leg 2 hook: phone POST answer -> stdout", hook2),
+        ("leg 2 local: phone POST -> /v1 wait returns", local2),
+        ("  of which phone POST /api/mobile/answer", world.answer_ms),
+        ("hook total: leg 1 + leg 2", [a + b for a, b in zip(hook1, hook2, strict=True)]),
+        ("local total: leg 1 + leg 2", [a + b for a, b in zip(local1, local2, strict=True)]),
+    ]
+    e50, e99 = pct(echo_all, 0.5), pct(echo_all, 0.99)
+    print(f"  {'leg (ms)':44s} {'n':>5s} {'p50':>8s} {'p99':>8s} {'x echo p50':>11s} {'x echo p99':>11s}")
+    for row_name, values in rows:
+        p50, p99 = pct(values, 0.5), pct(values, 0.99)
+        print(f"  {row_name:44s} {len(values):5d} {p50:8.2f} {p99:8.2f} {p50 / e50:10.1f}x {p99 / e99:10.1f}x")
+    print(f"  (echo before the questions p50/p99 {pct(echo, .5):.2f}/{pct(echo, .99):.2f}, "
+          f"after {pct(echo_after, .5):.2f}/{pct(echo_after, .99):.2f}; "
+          f"1-min load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end)", flush=True)
+    return rows
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, default=500, help="questions per leg and configuration")
+    parser.add_argument("--config", choices=["embedded", "scaled", "both"], default="both")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder with the processes' logs")
+    args = parser.parse_args()
+    if args.questions < 1:
+        parser.error("--questions must be at least 1")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
+    base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
+                 "PYTHONUNBUFFERED": "1", "AI1NET_PAIRING_INTERVAL_SEC": "1", "AI1NET_MOBILE_REPLY": "1"})
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.questions} questions per leg "
+          f"(+{WARMUP} warm-up), hook and local-API questions interleaved, one at a time")
+    configs = ["embedded", "scaled"] if args.config == "both" else [args.config]
+    for config in configs:
+        workdir = Path(tempfile.mkdtemp(prefix=f"ai1net-roundtrip-{config}-"))
+        ok = False
+        try:
+            if config == "embedded":
+                env = dict(base, DATABASE_URL=f"sqlite:///{workdir / 'bench.sqlite3'}")
+                await run_config(config, "SQLite (temp file) + in-memory channel layer", env, args, workdir)
+            else:
+                with postgres_database() as url, redis_prefix() as prefix:
+                    env = dict(base, DATABASE_URL=url, REDIS_URL=REDIS_URL, AI1NET_REDIS_PREFIX=prefix)
+                    await run_config(config, "PostgreSQL 127.0.0.1:5432 + Redis channel layer", env, args, workdir)
+            ok = True
+        finally:
+            if ok and not args.keep_logs:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
