@@ -30,3 +30,39 @@ async def test_the_agents_last_message_coming_back_is_dropped_not_injected(bridg
                                                                                   "text": "yes, go on"}
     assert [e["message_id"] for e in bridge.audit.entries() if e["event"] == "message.echo_dropped"] == ["echo"]
     assert await bridge.dispatch("user-prompt-submit", {"session_id": "s1"}) == {"messages": []}  # gone for good
+
+
+# --- declared field limits, on the bridge's side -------------------------------------------------
+
+async def test_an_oversize_question_is_refused_before_it_is_sent(bridge):
+    import pytest
+
+    from clients.bridge.local_api import RequestRefused
+    from clients.limits import LIMITS
+
+    long_text = "q" * (LIMITS["question.question"].max + 1)
+    body = logic.ask_body(tool_input={"questions": [{**logic.QUESTION, "question": long_text}]})
+    with pytest.raises(RequestRefused) as caught:
+        await bridge.dispatch("pre-tool-use", body)
+    assert caught.value.status == 413  # the hook fails open: the desk dialog appears as usual
+    assert bridge.tunnel.methods() == []
+    [refused] = [e for e in bridge.audit.entries() if e["event"] == "question.refused"]
+    assert refused["code"] == "too_large" and "questions[0].question" in refused["detail"]
+    # A long working folder is display only: cut to fit, never refused.
+    await bridge.dispatch("session-start", {"session_id": "s9", "cwd": "/" + "d" * 5000})
+    [params] = await logic.drain_reports(bridge, "mobile.session_start")
+    assert len(params["cwd"]) == LIMITS["session.cwd"].max and params["cwd"].endswith("ddd")
+
+
+def test_pairing_checks_the_declared_limits_before_sending():
+    import io
+
+    import pytest
+
+    from clients.common.pairing import PairingError, pair
+    from clients.limits import LIMITS
+
+    with pytest.raises(PairingError, match=r"name is too large: at most 100 characters"):
+        # Port 9 (discard) is never contacted: the name is refused first.
+        pair("http://127.0.0.1:9", name="n" * (LIMITS["device.name"].max + 1), kind="bridge", version="1",
+             out=io.StringIO())
