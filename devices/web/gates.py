@@ -6,7 +6,8 @@
    redirect to the login) who owns the device and has device web on (someone else's or unknown
    device, or the user's switch off -> 404);
 3. the device active (revoked -> 403) and a desktop bridge (a probe -> 403);
-4. the device online (offline -> 503) with that port declared in its hello (else 502).
+4. the device online over its WebSocket tunnel (offline, or long polling -> 503) with that port
+   declared in its hello (else 502).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = Non
         raise Forbidden(f"{device.name} is a probe; device web reaches desktop bridges only.", code="not_a_bridge")
     if not device.is_online:
         raise DeviceOffline(f"{device.name} is offline: its bridge is not connected.")
+    if device.is_long_polling:  # streams need the WebSocket tunnel; the HTTP fallback carries none
+        raise DeviceOffline(f"{device.name} is connected over the HTTP fallback only; device web needs its "
+                            "WebSocket tunnel.", code="device_long_polling")
     number = _port(port)
     if number is None or number not in (device.ports or []):
         raise PortNotExposed(

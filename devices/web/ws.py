@@ -28,6 +28,7 @@ from devices.web.gates import check_device_web
 logger = logging.getLogger(__name__)
 
 OPEN_TIMEOUT_SEC = 15.0
+MAX_PENDING_FRAMES = 4096  # browser frames waiting for credit, however small
 # Close codes the platform chooses (an application may send only 1000 or 3000-4999):
 CLOSE_TOO_BIG = 4009  # a message over protocol.WEB_WS_MAX_MESSAGE (cf. 1009)
 CLOSE_TRY_AGAIN = 4013  # the browser sent more than we may buffer (cf. 1013)
@@ -42,7 +43,7 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         self.accepted = False
         self.closed = False
         self.pending: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
-        self.pending_cost = 0
+        self.pending_bytes = 0  # what the browser sent that waits for credit (memory, not cost)
         self.send_seq = self.recv_seq = 0
         self.credit = streams.Credit()
         self.receipts = streams.Receipts()
@@ -99,8 +100,8 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
             await self._end(protocol.WEB_RESET_CANCELLED, CLOSE_TOO_BIG)
             return
         self.pending.append((body, size))
-        self.pending_cost += protocol.web_frame_cost(size)
-        if self.pending_cost > settings.DEVICE_WEB_WS_BUFFER_BYTES:
+        self.pending_bytes += size
+        if self.pending_bytes > settings.DEVICE_WEB_WS_BUFFER_BYTES or len(self.pending) > MAX_PENDING_FRAMES:
             await self._end(protocol.WEB_RESET_CANCELLED, CLOSE_TRY_AGAIN)
             return
         await self._flush()
@@ -115,7 +116,7 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
                 return
             self.credit.available -= cost
             self.pending.popleft()
-            self.pending_cost -= cost
+            self.pending_bytes -= size
             try:
                 await self.link.frame(protocol.WEB_WS_FRAME, dict(body, seq=self.send_seq))
             except streams.LinkLost:

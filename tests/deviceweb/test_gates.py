@@ -10,11 +10,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.test import Client
+from django.utils import timezone
 
 from ai1net.asgi import application
 from ai1net.exceptions import ApplicationError
 from devices import services
-from devices.models import Device
+from devices.models import LONGPOLL_PREFIX, Device
 from devices.web.gates import check_device_web
 from tests.accounts.helpers import totp_device
 from tests.deviceweb.support import enable_device_web
@@ -106,6 +107,9 @@ def test_each_gate_answers_in_order(user, other_user, settings):
     Device.objects.filter(pk=device.pk).update(channel_name="")
     status, _, body = get(path, cookie=cookie, html=True)
     assert status == 503 and "offline" in body.decode()
+    Device.objects.filter(pk=device.pk).update(channel_name=LONGPOLL_PREFIX + "x", last_seen_at=timezone.now())
+    status, _, body = get(path, cookie=cookie)
+    assert (status, error_of(body)) == (503, "device_long_polling")
 
 
 def test_an_unverified_two_factor_session_is_not_enough(user):
