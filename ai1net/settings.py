@@ -241,6 +241,10 @@ SPECTACULAR_SETTINGS = {
     # Operation ids and tags come from the path after /api/ whatever else gets routed.
     "SCHEMA_PATH_PREFIX": r"/api/",
     "PREPROCESSING_HOOKS": ["ai1net.schema.add_longpoll_endpoints"],
+    "ENUM_NAME_OVERRIDES": {
+        "DeviceKindEnum": "devices.models.Device.Kind",
+        "DeviceStatusEnum": "devices.models.Device.Status",
+    },
     "APPEND_COMPONENTS": {"securitySchemes": {
         "deviceToken": {"type": "http", "scheme": "bearer",
                         "description": "The device token from POST /api/devices/pairings/token."},

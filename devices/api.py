@@ -112,8 +112,9 @@ class RpcErrorSerializer(serializers.Serializer):
 
 
 class BridgePushInSerializer(serializers.Serializer):
-    id = serializers.CharField(max_length=64, help_text="string or integer; a repeated id is answered once")
-    method = serializers.CharField(max_length=64)
+    id = serializers.CharField(max_length=LIMITS["rpc.id"].max,
+                               help_text="string or integer; a repeated id is answered once")
+    method = serializers.CharField(max_length=LIMITS["rpc.method"].max)
     params = serializers.DictField(required=False, default=dict)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
@@ -9,10 +11,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ai1net.exceptions import Forbidden, ValidationFailed
+from ai1net.schema import errors
 from im import selectors, services
 from im.access import http_otp_satisfied
 from im.events import message_data, panel_data
-from im.models import Room
+from im.models import Message, Room
 
 
 def room_data(room: Room) -> dict:
@@ -28,6 +31,54 @@ def room_data(room: Room) -> dict:
     }
 
 
+# --- schema only (room_data, im.events.message_data and panel_data render by hand) --------------
+
+class RoomOutSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.ChoiceField(choices=Room.Kind.choices)
+    title = serializers.CharField()
+    state = serializers.ChoiceField(choices=Room.State.choices)
+    device_id = serializers.UUIDField(allow_null=True)
+    agent_session_id = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    last_seq = serializers.IntegerField(help_text="seq of the newest message (0: none yet)")
+
+    class Meta:
+        ref_name = "Room"
+
+
+class MessageOutSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    room_id = serializers.UUIDField()
+    seq = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=Message.Kind.choices)
+    author_user = serializers.IntegerField(allow_null=True)
+    author_device = serializers.UUIDField(allow_null=True)
+    body = serializers.JSONField(help_text="by kind: text {text}, question, answer {question_id, via, answers, other}, "
+                                           "event")
+    created_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "RoomMessage"
+
+
+class PanelOutSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    room_id = serializers.UUIDField()
+    message_id = serializers.IntegerField(allow_null=True)
+    kind = serializers.CharField(help_text="e.g. `mobile.question`")
+    spec = serializers.JSONField()
+    state = serializers.CharField()
+    ref_id = serializers.CharField()
+    updated_at = serializers.DateTimeField(allow_null=True)
+
+    class Meta:
+        ref_name = "Panel"
+
+
+ROOM_ERRORS = errors(403, 404)
+
+
 class ImView(APIView):
     # People, not agent tokens, read and act in rooms; two-factor users with a verified session.
     authentication_classes = [SessionAuthentication]
@@ -39,12 +90,16 @@ class ImView(APIView):
 
 
 class RoomListView(ImView):
+    @extend_schema(operation_id="im_rooms_list", tags=["im"],
+                   responses={200: inline_serializer("RoomList", {"rooms": RoomOutSerializer(many=True)}),
+                              **errors(403)})
     def get(self, request: Request) -> Response:
         rooms = selectors.rooms_for_user(user=request.user)
         return Response({"rooms": [room_data(room) for room in rooms[:200]]})
 
 
 class RoomDetailView(ImView):
+    @extend_schema(operation_id="im_rooms_retrieve", tags=["im"], responses={200: RoomOutSerializer, **ROOM_ERRORS})
     def get(self, request: Request, room_id: str) -> Response:
         return Response(room_data(selectors.access_room(user=request.user, room_id=room_id)))
 
@@ -54,6 +109,13 @@ class MessagePostSerializer(serializers.Serializer):
 
 
 class MessagesView(ImView):
+    @extend_schema(operation_id="im_rooms_messages_list", tags=["im"],
+                   parameters=[OpenApiParameter("after", int, description="messages after this seq (default 0)"),
+                               OpenApiParameter("limit", int, description="at most this many (default 50)")],
+                   responses={200: inline_serializer("RoomMessagePage", {
+                       "messages": MessageOutSerializer(many=True),
+                       "next_after": serializers.IntegerField(help_text="pass as `after` for the next page"),
+                   }), **errors(400), **ROOM_ERRORS})
     def get(self, request: Request, room_id: str) -> Response:
         room = selectors.access_room(user=request.user, room_id=room_id)
         try:
@@ -65,6 +127,8 @@ class MessagesView(ImView):
         next_after = messages[-1].seq if messages else after
         return Response({"messages": [message_data(m) for m in messages], "next_after": next_after})
 
+    @extend_schema(operation_id="im_rooms_messages_create", tags=["im"], request=MessagePostSerializer,
+                   responses={201: MessageOutSerializer, **errors(400), **ROOM_ERRORS, **errors(409)})
     def post(self, request: Request, room_id: str) -> Response:
         serializer = MessagePostSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -73,6 +137,9 @@ class MessagesView(ImView):
 
 
 class PanelsView(ImView):
+    @extend_schema(operation_id="im_rooms_panels_list", tags=["im"],
+                   responses={200: inline_serializer("PanelList", {"panels": PanelOutSerializer(many=True)}),
+                              **ROOM_ERRORS})
     def get(self, request: Request, room_id: str) -> Response:
         room = selectors.access_room(user=request.user, room_id=room_id)
         return Response({"panels": [panel_data(p) for p in selectors.panels_for_room(room=room)]})
@@ -84,6 +151,11 @@ class PanelActionSerializer(serializers.Serializer):
 
 
 class PanelActionView(ImView):
+    @extend_schema(operation_id="im_rooms_panels_actions_create", tags=["im"], request=PanelActionSerializer,
+                   responses={200: OpenApiTypes.OBJECT, **errors(400), **ROOM_ERRORS, **errors(409, 410, 413)},
+                   description="Runs the action through the panel kind's handler and returns what it returns; "
+                               "`mobile.question` takes `answer` with data {nonce, answers, other} and returns "
+                               "{state} like POST /api/mobile/answer.")
     def post(self, request: Request, room_id: str, panel_id: str) -> Response:
         serializer = PanelActionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
@@ -12,12 +13,86 @@ from rest_framework.views import APIView
 
 from ai1net.accounts.selectors import mobile_reply_active
 from ai1net.exceptions import Forbidden, NotFound
+from ai1net.schema import errors
 from im.access import http_otp_satisfied
 from mobile import pacing, selectors, services
+from mobile.models import AgentSession, PhoneMessage, Question
 
 
 def client_ip(request: Request) -> str | None:
     return request.META.get("REMOTE_ADDR")
+
+
+# --- schema only (mobile.events and mobile.selectors render by hand) ----------------------------
+
+class QuestionOutSerializer(serializers.Serializer):
+    question_id = serializers.UUIDField()
+    session_id = serializers.CharField()
+    room_id = serializers.UUIDField()
+    device_id = serializers.UUIDField()
+    panel_id = serializers.IntegerField(allow_null=True)
+    questions = serializers.JSONField(help_text="AskUserQuestion's questions: [{question, header, options, "
+                                                "multiSelect}]")
+    state = serializers.ChoiceField(choices=Question.State.choices)
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    nonce = serializers.CharField(required=False, help_text="pending questions only: present it with the answer")
+
+    class Meta:
+        ref_name = "PhoneQuestion"
+
+
+class WaitingMessageSerializer(serializers.Serializer):
+    message_id = serializers.UUIDField()
+    text = serializers.CharField()
+    position = serializers.IntegerField()
+
+
+class SessionOutSerializer(serializers.Serializer):
+    session_id = serializers.CharField()
+    device_id = serializers.UUIDField()
+    room_id = serializers.UUIDField()
+    title = serializers.CharField()
+    cwd = serializers.CharField()
+    host = serializers.CharField()
+    keep_going = serializers.BooleanField()
+    state = serializers.ChoiceField(choices=AgentSession.State.choices)
+    created_at = serializers.DateTimeField()
+    waiting_messages = WaitingMessageSerializer(many=True, help_text="phone messages held by the pacer, in order")
+
+    class Meta:
+        ref_name = "PhoneSession"
+
+
+class BridgeStateSerializer(serializers.Serializer):
+    device_id = serializers.UUIDField()
+    name = serializers.CharField()
+    online = serializers.BooleanField()
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+
+
+class TodaySerializer(serializers.Serializer):
+    asked = serializers.IntegerField()
+    answered_on_phone = serializers.IntegerField()
+    answered_on_desktop = serializers.IntegerField()
+    moved_to_desktop = serializers.IntegerField()
+    expired = serializers.IntegerField()
+
+
+class StateOutSerializer(serializers.Serializer):
+    mobile_reply = serializers.BooleanField()
+    global_stop = serializers.BooleanField(help_text="the operators turned mobile reply off for everyone")
+    bridges = BridgeStateSerializer(many=True)
+    queue_depth = serializers.IntegerField()
+    sessions = SessionOutSerializer(many=True)
+    today = TodaySerializer(help_text="since local midnight")
+
+    class Meta:
+        ref_name = "PhoneState"
+
+
+# 404: mobile reply is off (the user's switch or the operators' stop); 403: not logged in or not verified.
+MOBILE_ERRORS = errors(403, 404)
 
 
 class MobileView(APIView):
@@ -33,6 +108,13 @@ class MobileView(APIView):
 
 
 class PendingView(MobileView):
+    @extend_schema(operation_id="mobile_pending_retrieve", tags=["mobile"],
+                   parameters=[OpenApiParameter("recent", str, description="any value: add `recent`, the questions "
+                                                                           "settled in the last 30 minutes")],
+                   responses={200: inline_serializer("PhonePending", {
+                       "questions": QuestionOutSerializer(many=True),
+                       "recent": QuestionOutSerializer(many=True, required=False),
+                   }), **MOBILE_ERRORS})
     def get(self, request: Request) -> Response:
         services.questions_expire_due(user=request.user)
         services.messages_release_due(user=request.user)
@@ -48,8 +130,17 @@ class AnswerSerializer(serializers.Serializer):
     answers = serializers.DictField()
     other = serializers.DictField(required=False, default=dict)
 
+    class Meta:
+        ref_name = "PhoneAnswer"
+
 
 class AnswerView(MobileView):
+    @extend_schema(operation_id="mobile_answer_create", tags=["mobile"], request=AnswerSerializer,
+                   responses={200: inline_serializer("PhoneAnswered", {
+                       "state": serializers.ChoiceField(choices=[Question.State.ANSWERED.value]),
+                   }), **errors(400), **MOBILE_ERRORS, **errors(409, 410, 413)},
+                   description="The nonce is burned once: 403 `bad_nonce`; 409 `already_answered`, "
+                               "`answered_on_desktop`, `moved_to_desktop`; 410 `expired`, `session_ended`.")
     def post(self, request: Request) -> Response:
         serializer = AnswerSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -60,6 +151,8 @@ class AnswerView(MobileView):
 
 
 class StateView(MobileView):
+    @extend_schema(operation_id="mobile_state_retrieve", tags=["mobile"],
+                   responses={200: StateOutSerializer, **MOBILE_ERRORS})
     def get(self, request: Request) -> Response:
         services.messages_release_due(user=request.user)
         return Response(selectors.mobile_state(user=request.user))
@@ -68,8 +161,21 @@ class StateView(MobileView):
 class MessageSerializer(serializers.Serializer):
     text = serializers.CharField()  # its limit (clients.limits) is enforced by the service: 413 naming it
 
+    class Meta:
+        ref_name = "PhoneMessage"
+
 
 class SessionMessageView(MobileView):
+    @extend_schema(operation_id="mobile_sessions_messages_create", tags=["mobile"], request=MessageSerializer,
+                   responses={201: inline_serializer("PhoneMessageSent", {
+                       "message_id": serializers.UUIDField(),
+                       "state": serializers.ChoiceField(choices=PhoneMessage.State.choices),
+                       "position": serializers.IntegerField(required=False, help_text="while waiting: place in line"),
+                       "release_at": serializers.DateTimeField(required=False, help_text="while waiting: when the "
+                                                                                         "first in line goes"),
+                   }), **errors(400), **MOBILE_ERRORS, **errors(410, 413, 429)},
+                   description="400 `agent_echo`; 410 `session_ended`; 429 when the session's daily budget or "
+                               "waiting line is full.")
     def post(self, request: Request, session_id: str) -> Response:
         serializer = MessageSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -82,8 +188,16 @@ class SessionMessageView(MobileView):
 class KeepGoingSerializer(serializers.Serializer):
     enabled = serializers.BooleanField()
 
+    class Meta:
+        ref_name = "PhoneKeepGoing"
+
 
 class KeepGoingView(MobileView):
+    @extend_schema(operation_id="mobile_sessions_keep_going_create", tags=["mobile"], request=KeepGoingSerializer,
+                   responses={200: inline_serializer("PhoneKeepGoingSet", {
+                       "session_id": serializers.CharField(),
+                       "keep_going": serializers.BooleanField(),
+                   }), **errors(400), **MOBILE_ERRORS, **errors(410)})
     def post(self, request: Request, session_id: str) -> Response:
         serializer = KeepGoingSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

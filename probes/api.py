@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from ai1net.accounts.models import ApiToken
 from ai1net.exceptions import Forbidden, ValidationFailed
+from ai1net.schema import errors
 from im.access import http_otp_satisfied
 from probes import selectors, services
 from probes.models import ALL_OPS, ProbeCommand
@@ -63,9 +64,15 @@ class ProbeOut(serializers.Serializer):
     name = serializers.CharField()
     online = serializers.BooleanField()
     hostname = serializers.CharField()
+    os = serializers.CharField()
+    version = serializers.CharField()
     roots = serializers.ListField(child=serializers.CharField())
     modes = serializers.ListField(child=serializers.ChoiceField(choices=["write", "exec"]))
     last_seen_at = serializers.DateTimeField(allow_null=True)
+
+
+class ProbeDetailOut(ProbeOut):
+    room_id = serializers.UUIDField(allow_null=True, help_text="the probe's Studio room")
 
 
 class CommandIn(serializers.Serializer):
@@ -80,13 +87,28 @@ class ErrorOut(serializers.Serializer):
     code = serializers.CharField()
     detail = serializers.CharField()
 
+    class Meta:
+        ref_name = "CommandError"
+
+
+class CommandProbeOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+
 
 class CommandOut(serializers.Serializer):
     id = serializers.UUIDField()
+    probe = CommandProbeOut()
     op = serializers.CharField()
     args = serializers.DictField()
     args_hash = serializers.CharField()
     state = serializers.ChoiceField(choices=ProbeCommand.State.values)
+    via = serializers.ChoiceField(choices=ProbeCommand.Via.values)
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    approved_at = serializers.DateTimeField(allow_null=True)
+    sent_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
     preview = serializers.CharField(required=False, help_text="writes: the diff shown before approval")
     result = serializers.JSONField(required=False, help_text="when done")
     error = ErrorOut(required=False, help_text="when failed, rejected or expired")
@@ -99,6 +121,7 @@ class DecisionIn(serializers.Serializer):
 
 WAIT_PARAM = OpenApiParameter("wait", float, description="long-poll up to this many seconds (at most 60)")
 FINAL_OR_NOT = {200: CommandOut, 202: CommandOut}
+PROBE_ERRORS = errors(403, 404)  # 403: not logged in, or two-factor not verified (`otp_required`)
 
 
 def _is_agent(request: Request) -> bool:
@@ -114,26 +137,28 @@ class ProbesView(APIView):
 
 
 class ProbeListApi(ProbesView):
-    @extend_schema(responses=ProbeOut(many=True))
+    @extend_schema(operation_id="probes_list", tags=["probes"], responses={200: ProbeOut(many=True), **errors(403)})
     def get(self, request: Request) -> Response:
         return Response([selectors.probe_describe(d) for d in selectors.probes_for_user(user=request.user)])
 
 
 class ProbeDetailApi(ProbesView):
-    @extend_schema(responses=ProbeOut)
+    @extend_schema(operation_id="probes_retrieve", tags=["probes"], responses={200: ProbeDetailOut, **PROBE_ERRORS})
     def get(self, request: Request, probe: str) -> Response:
         device = selectors.probe_access(user=request.user, probe=probe)
         return Response({**selectors.probe_describe(device), "room_id": _studio_room_id(request.user, device)})
 
 
 class ProbeCommandsApi(ProbesView):
-    @extend_schema(responses=CommandOut(many=True))
+    @extend_schema(operation_id="probes_commands_list", tags=["probes"],
+                   responses={200: CommandOut(many=True), **PROBE_ERRORS})
     def get(self, request: Request, probe: str) -> Response:
         device = selectors.probe_access(user=request.user, probe=probe)
         commands = selectors.commands_for_probe(user=request.user, device=device)
         return Response([selectors.command_describe(c) for c in commands])
 
-    @extend_schema(request=CommandIn, responses=FINAL_OR_NOT)
+    @extend_schema(operation_id="probes_commands_create", tags=["probes"], request=CommandIn,
+                   responses={**FINAL_OR_NOT, **errors(400), **PROBE_ERRORS, **errors(413, 429)})
     def post(self, request: Request, probe: str) -> Response:
         if not isinstance(request.data, dict):
             raise ValidationFailed("The body must be a JSON object with op, args and wait.")
@@ -149,7 +174,8 @@ class ProbeCommandsApi(ProbesView):
 
 
 class CommandDetailApi(ProbesView):
-    @extend_schema(parameters=[WAIT_PARAM], responses=FINAL_OR_NOT)
+    @extend_schema(operation_id="probes_commands_retrieve", tags=["probes"], parameters=[WAIT_PARAM],
+                   responses={**FINAL_OR_NOT, **errors(400), **PROBE_ERRORS})
     def get(self, request: Request, command_id: Any) -> Response:
         # `?wait=N` long-polls, through the owner's decision too.
         wait = _wait(request.query_params.get("wait"), 0.0)
@@ -158,7 +184,10 @@ class CommandDetailApi(ProbesView):
 
 
 class CommandApproveApi(ProbesView):
-    @extend_schema(request=DecisionIn, responses=FINAL_OR_NOT)
+    @extend_schema(operation_id="probes_commands_approve_create", tags=["probes"], request=DecisionIn,
+                   responses={**FINAL_OR_NOT, **errors(400), **PROBE_ERRORS, **errors(409)},
+                   description="403 `approval_needs_a_person` with an API token; 409 when the arguments differ "
+                               "from args_hash or the command no longer awaits approval.")
     def post(self, request: Request, command_id: Any) -> Response:
         if _is_agent(request) and not settings.PROBES_TOKEN_APPROVALS:
             # The gateway stands between the agent and the machine: the agent cannot wave itself through.
@@ -176,7 +205,8 @@ class CommandApproveApi(ProbesView):
 
 
 class CommandRejectApi(ProbesView):
-    @extend_schema(request=None, responses=CommandOut)
+    @extend_schema(operation_id="probes_commands_reject_create", tags=["probes"], request=None,
+                   responses={200: CommandOut, **PROBE_ERRORS, **errors(409)})
     def post(self, request: Request, command_id: Any) -> Response:
         command = services.command_reject(user=request.user, command_id=command_id, ip=_ip(request))
         return _command_response(command)
@@ -185,7 +215,8 @@ class CommandRejectApi(ProbesView):
 class ApprovalsApi(ProbesView):
     """What waits for my decision: for Studio and the phone page."""
 
-    @extend_schema(responses=CommandOut(many=True))
+    @extend_schema(operation_id="probes_approvals_list", tags=["probes"],
+                   responses={200: CommandOut(many=True), **errors(403)})
     def get(self, request: Request) -> Response:
         services.commands_expire()
         return Response([selectors.command_describe(c) for c in selectors.approvals_for_user(user=request.user)])
