@@ -5,7 +5,7 @@ import pytest
 from tests.deviceweb.support import Bridge, Upstream, enable_device_web, web_port
 from tests.e2e_support import Daphne
 
-FAST = {"AI1NET_HEARTBEAT_SEC": "2", "AI1NET_DEVICE_WEB_FIRST_BYTE_SEC": "10"}
+FAST = {"AI1NET_HEARTBEAT_SEC": "2", "AI1NET_DEVICE_WEB_FIRST_BYTE_SEC": "3"}
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 
 import httpx
 import pytest
@@ -66,6 +67,14 @@ def test_http_through_the_tunnel(stack, user, password):
         response = web.get(f"{bridge.prefix}/{web_port()}/echo")
         assert response.status_code == 502 and response.json()["error"] == "port_not_exposed"
 
+        # A local server that never answers: 504 after the first-byte timeout (3 s here), and the tunnel
+        # still serves the next request.
+        started = time.monotonic()
+        response = web.get(f"{base}/hang")
+        assert response.status_code == 504 and response.json()["error"] == "device_timeout"
+        assert 2.5 < time.monotonic() - started < 10
+        assert web.get(f"{base}/small").text == "ok"
+
         # Device offline: 503 page saying so.
         bridge.stop()
         wait_until(bridge.offline, timeout=15, message="the device offline")
@@ -83,7 +92,7 @@ def test_server_sent_events_arrive_chunk_by_chunk(stack, user, password):
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     _, index, sent_at = line.split(" ")
-                    arrivals.append((int(index), float(sent_at), __import__("time").time()))
+                    arrivals.append((int(index), float(sent_at), time.time()))
     assert [i for i, _, _ in arrivals] == [0, 1, 2, 3, 4]
     # Each event reached the browser well before the next one was written (0.4 s later).
     for _, sent_at, arrived_at in arrivals:

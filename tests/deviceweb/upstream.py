@@ -5,6 +5,7 @@ Standard library (+ websockets for the WebSocket port); binds 127.0.0.1 only. HT
   /bytes?n=N          N pattern bytes with Content-Length (``&chunked=1``: chunked encoding)
   /sse?count=N&gap=S  text/event-stream, one event every S seconds, each flushed as it is written
   /small              a 2-byte body ("ok")
+  /hang               never answers (until the client goes away)
   /hits               how many other requests this server has seen (JSON)
 WebSocket port: echoes text and binary messages; "close:<code>" closes with that code.
 Prints "ready" once both ports listen.
@@ -110,6 +111,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                 await writer.drain()
             writer.write(b"0\r\n\r\n")
+        elif url.path == "/hang":  # reads the request, never answers
+            await reader.read()
         elif url.path == "/small":
             await respond(writer, 200, [("Content-Type", "text/plain")], b"ok")
         elif url.path == "/hits":
