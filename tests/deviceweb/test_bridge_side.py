@@ -179,3 +179,41 @@ async def test_credit_bounds_what_the_device_sends_and_a_slow_platform_stalls_on
     finally:
         await forwarder.close()
         server.close()
+
+
+async def test_a_platform_that_ignores_credit_gets_its_stream_reset_not_the_memory_filled():
+    port = web_port()
+    connected = asyncio.Event()
+
+    async def never_reads(reader, writer) -> None:
+        connected.set()
+        await asyncio.sleep(30)
+        writer.close()
+
+    server = await asyncio.start_server(never_reads, "127.0.0.1", port)
+    sent: list[tuple[str, dict]] = []
+    got_reset = asyncio.Event()
+
+    async def notify(method: str, params: dict, generation: int) -> bool:
+        sent.append((method, params))
+        if method == protocol.WEB_RESET:
+            got_reset.set()
+        return True
+
+    forwarder = WebForwarder([port], notify, lambda: 1)
+    try:
+        forwarder.handle(protocol.WEB_OPEN, {"stream": "s", "method": "POST", "path": "/", "query": "", "port": port,
+                                             "headers": [["content-length", str(8 * protocol.WEB_WINDOW_BYTES)]],
+                                             "body": True})
+        await asyncio.wait_for(connected.wait(), 10)
+        chunk = base64.b64encode(b"x" * protocol.WEB_CHUNK_BYTES).decode()
+        frames = 2 * protocol.WEB_WINDOW_BYTES // protocol.WEB_CHUNK_BYTES  # twice the window, all at once
+        for seq in range(frames):
+            forwarder.handle(protocol.WEB_DATA, {"stream": "s", "seq": seq, "data": chunk})
+        await asyncio.wait_for(got_reset.wait(), 10)
+        reset = [p for m, p in sent if m == protocol.WEB_RESET][0]
+        assert reset["reason"] == protocol.WEB_RESET_FLOW
+        assert "s" not in forwarder.streams  # the stream and its queue are gone
+    finally:
+        await forwarder.close()
+        server.close()
