@@ -177,7 +177,8 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' in-memory layer, without its O(sockets) sweep on every message (ai1net.channel_layers).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "ai1net.channel_layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- auth ------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import websockets  # noqa: E402
 from clients import protocol  # noqa: E402
 
 PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 160})  # ~200 bytes
+BACKLOG = 4096  # /proc/sys/net/core/somaxconn caps it
 
 
 def free_port() -> int:
@@ -61,8 +62,10 @@ class Server:
         self.url = f"ws://127.0.0.1:{self.port}"
         self.log = open(workdir / f"{name}-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
-             "bench.bench_asgi:application"],
+            # An explicit endpoint for the listen backlog: daphne's -b/-p gives Twisted's default of 50,
+            # and a burst of handshakes beyond it is dropped (SYN retries after 1, 3, 7 s... or failures).
+            [str(VENV_BIN / "daphne"), "-e", f"tcp:port={self.port}:interface=127.0.0.1:backlog={BACKLOG}",
+             "--access-log", os.devnull, "bench.bench_asgi:application"],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_raise_nofile,
         )
         deadline = time.monotonic() + 60
@@ -193,15 +196,32 @@ async def tunnel_throughput(url: str, token: str, count: int) -> float:
         await ws.close()
 
 
-async def hold_idle(server: Server, n: int, opener, heartbeat: float) -> tuple[float, int]:
-    """Open n sockets with `opener`, keep them alive; returns (KiB per socket, sockets still open)."""
+async def hold_idle(server: Server, n: int, opener, heartbeat: float, rate: float,
+                    attempts: int = 5) -> tuple[float, int]:
+    """Open n sockets with `opener`, keep them alive; returns (KiB per socket, sockets still open).
+
+    Like a fleet coming back, not a flood: at most `rate` new connections a second, 100 handshakes
+    in flight; a failed one is retried (up to `attempts` times, with a growing pause) and counted."""
     base = rss_kib(server.proc.pid)
     sockets: list = []
     gate = asyncio.Semaphore(100)
+    retries = 0
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
 
     async def one(i: int):
-        async with gate:
-            sockets.append(await opener(i))
+        nonlocal retries
+        await asyncio.sleep(max(0.0, t0 + i / rate - loop.time()))
+        for attempt in range(attempts):
+            try:
+                async with gate:
+                    sockets.append(await opener(i))
+                return
+            except (OSError, TimeoutError, websockets.WebSocketException):
+                if attempt == attempts - 1:
+                    raise
+                retries += 1
+                await asyncio.sleep(0.5 * 2 ** attempt)
 
     stop = asyncio.Event()
 
@@ -229,8 +249,9 @@ async def hold_idle(server: Server, n: int, opener, heartbeat: float) -> tuple[f
     await beater
     await asyncio.gather(*[ws.close() for ws in sockets], return_exceptions=True)
     if failures:
-        print(f"    ({len(failures)} connections failed, e.g. {failures[0]!r})")
-    print(f"    opened {len(sockets)} in {setup:.1f}s ({len(sockets) / setup:.0f}/s)")
+        print(f"    ({len(failures)} connections failed after {attempts} attempts, e.g. {failures[0]!r})")
+    print(f"    opened {len(sockets)} in {setup:.1f}s ({len(sockets) / setup:.0f}/s; offered at most {rate:.0f}/s; "
+          f"{retries} retries)")
     return used / max(1, len(sockets)), alive
 
 
@@ -280,13 +301,14 @@ async def run_layer(label: str, env: dict[str, str], tokens: list[str], args, wo
         try:
             echo_kib, echo_alive = await hold_idle(
                 echo_server, n, lambda i, s=echo_server: websockets.connect(f"{s.url}/ws/echo", ping_interval=None,
-                                                             open_timeout=60), args.heartbeat)
+                                                             open_timeout=60), args.heartbeat, args.connect_rate)
         finally:
             echo_server.stop()
         tunnel_server = Server(env, workdir, f"idle-tunnel-{label}")
         try:
             tunnel_kib, tunnel_alive = await hold_idle(
-                tunnel_server, n, lambda i, s=tunnel_server: tunnel_open(s.url, tokens[i + 2]), args.heartbeat)
+                tunnel_server, n, lambda i, s=tunnel_server: tunnel_open(s.url, tokens[i + 2]), args.heartbeat,
+                args.connect_rate)
         finally:
             tunnel_server.stop()
         print(f"    RSS per socket: echo {echo_kib:.1f} KiB ({echo_alive} open), tunnel {tunnel_kib:.1f} KiB "
@@ -299,6 +321,8 @@ async def main() -> None:
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--burst", type=int, default=5000)
     parser.add_argument("--heartbeat", type=float, default=20.0)
+    parser.add_argument("--connect-rate", type=float, default=1000.0,
+                        help="new idle connections offered per second (echo and tunnel alike)")
     parser.add_argument("--layers", default="default", help="with REDIS_URL: default,pubsub")
     args = parser.parse_args()
     args.tunnels = [int(n) for n in args.tunnels.split(",") if n]

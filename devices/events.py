@@ -17,9 +17,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.db import transaction
+from ai1net.realtime import group_send_on_commit
 
 PRESENCE_CHANGED = "devices.presence.changed"
 OUTBOX_DOORBELL = "devices.outbox"
@@ -45,12 +43,7 @@ def presence_payload(device: Any) -> dict[str, Any]:
 
 
 def _send_on_commit(group: str, message: dict[str, Any]) -> None:
-    def send() -> None:
-        layer = get_channel_layer()
-        if layer is not None:
-            async_to_sync(layer.group_send)(group, message)
-
-    transaction.on_commit(send)
+    group_send_on_commit(group, message)
 
 
 def send_presence_changed(device: Any) -> None:

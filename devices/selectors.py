@@ -41,7 +41,10 @@ def outbox_unacked_after(*, device_id: Any, after_seq: int, limit: int) -> list[
     )
 
 
-def device_tick_state(*, device_id: Any) -> tuple[str | None, int]:
-    """(status, next_seq) for the tunnel's heartbeat check; (None, 0) when the device is gone."""
-    row = Device.objects.filter(pk=device_id).values_list("status", "next_seq").first()
-    return row if row is not None else (None, 0)
+def devices_tick_state(*, device_ids: list[Any], chunk: int = 500) -> dict[Any, tuple[str, int]]:
+    """device id -> (status, next_seq) for many tunnels at once (the heartbeat sweep); gone ones are absent."""
+    states: dict[Any, tuple[str, int]] = {}
+    for start in range(0, len(device_ids), chunk):
+        rows = Device.objects.filter(pk__in=device_ids[start:start + chunk]).values_list("pk", "status", "next_seq")
+        states.update((pk, (status, next_seq)) for pk, status, next_seq in rows)
+    return states

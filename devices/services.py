@@ -307,7 +307,8 @@ def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any]) ->
     now = timezone.now()
     acked = int(hello.get("ackedSeq") or 0)
     with transaction.atomic():
-        device = Device.objects.select_for_update().get(pk=device_id)
+        # With its owner: the device_connected receivers read it (one query, not two).
+        device = Device.objects.select_for_update(of=("self",)).select_related("owner").get(pk=device_id)
         if device.status != Device.Status.ACTIVE:
             raise ApplicationError("revoked", code="revoked", status=403)
         older = device.channel_name if device.channel_name != channel_name else ""
@@ -350,6 +351,18 @@ def device_disconnected(*, device_id: Any, channel_name: str) -> Device | None:
 
 def device_seen(*, device_id: Any, channel_name: str) -> None:
     Device.objects.filter(pk=device_id, channel_name=channel_name).update(last_seen_at=timezone.now())
+
+
+def devices_seen(*, connections: list[tuple[Any, str]], chunk: int = 500) -> None:
+    """``device_seen`` for many live connections, one UPDATE per chunk (the tunnels' heartbeat sweep).
+
+    Channel names are unique per connection, so ``pk IN (...) AND channel_name IN (...)`` touches
+    exactly the rows whose live connection is one of these (a replaced connection's row is left alone)."""
+    now = timezone.now()
+    for start in range(0, len(connections), chunk):
+        part = connections[start:start + chunk]
+        Device.objects.filter(pk__in=[pk for pk, _ in part], channel_name__in=[name for _, name in part]).update(
+            last_seen_at=now)
 
 
 def device_longpoll_seen(*, device_id: Any, poll_channel: str) -> tuple[Device, bool]:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.db import transaction
-
+from ai1net.realtime import group_send_on_commit
 from im.models import Message, Panel
 
 logger = logging.getLogger(__name__)
@@ -25,13 +22,8 @@ def room_group(room_id: Any) -> str:
 def send_on_commit(group: str, event: dict) -> None:
     """Send ``event`` to ``group`` once the current transaction commits (now, outside one)."""
 
-    def send() -> None:
-        try:
-            async_to_sync(get_channel_layer().group_send)(group, {"type": "app.event", "event": event})
-        except Exception:  # the write is committed; a lost doorbell must not turn into an error
-            logger.exception("could not send %s to %s", event.get("type"), group)
-
-    transaction.on_commit(send)
+    # Failures are logged, never raised: the write is committed; a lost doorbell must not become an error.
+    group_send_on_commit(group, {"type": "app.event", "event": event})
 
 
 def message_data(message: Message) -> dict:

@@ -35,7 +35,7 @@ def test_settings_pick_channels_redis_when_redis_url_set():
 def test_settings_default_to_in_memory_layer():
     result = _django_subprocess(PRINT_LAYER)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["channels.layers.InMemoryChannelLayer",
+    assert result.stdout.split() == ["ai1net.channel_layers.InMemoryChannelLayer",
                                      "django.core.cache.backends.locmem.LocMemCache"]
 
 

@@ -1,0 +1,91 @@
+"""The one way events leave: ``group_send_on_commit``, after the current transaction commits.
+
+Services run in worker threads (``database_sync_to_async``, Django's sync views under ASGI). Sending
+with ``async_to_sync`` from there parks the worker until the event loop has run the send: with
+thousands of sockets the loop is busy, and every connect's presence event held Django's one
+thread-sensitive database thread for a loop turn (bench/tunnel.py). When a running event loop is
+known (we are inside a worker started from it), the send is handed to that loop and the thread goes
+on; sends handed over from one process keep their order (each waits for the one before it). Outside
+any loop (management commands, sync tests) it sends synchronously, as before. Either way a failed
+send is logged, never raised: the write is committed and the layer is only a doorbell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+from asgiref.sync import SyncToAsync, async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+# Per event loop: the last handed-over send (the next one waits for it), and the sends in flight.
+_tails: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
+_in_flight: set[asyncio.Task] = set()
+
+
+async def _send(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(group, message)
+    except Exception:
+        logger.exception("could not send %s to %s", message.get("type"), group)
+
+
+async def _send_after(previous: asyncio.Task | None, group: str, message: dict[str, Any]) -> None:
+    if previous is not None and not previous.done():
+        await asyncio.wait([previous])
+    await _send(group, message)
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, group: str, message: dict[str, Any]) -> None:
+    # Runs in the loop's thread, in the order the worker threads called call_soon_threadsafe.
+    task = loop.create_task(_send_after(_tails.get(loop), group, message))
+    _tails[loop] = task
+    _in_flight.add(task)
+    task.add_done_callback(_in_flight.discard)
+
+
+def _worker_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop that started this worker thread, if any (as asgiref's AsyncToSync finds it)."""
+    if threading.current_thread() is threading.main_thread():
+        return None  # e.g. sync code under a short-lived async_to_sync loop that may close before the send
+    try:
+        asyncio.get_running_loop()
+        return None  # in a loop's own thread: not a worker
+    except RuntimeError:
+        pass
+    if getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return None
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return None
+    return loop
+
+
+def group_send_now(group: str, message: dict[str, Any]) -> None:
+    """Send at once from sync code: handed to the worker's event loop, or synchronously outside any."""
+    loop = _worker_loop()
+    if loop is not None:
+        try:
+            loop.call_soon_threadsafe(_hand_over, loop, group, message)
+            return
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+    try:
+        async_to_sync(_send)(group, message)
+    except Exception:
+        logger.exception("could not send %s to %s", message.get("type"), group)
+
+
+def group_send_on_commit(group: str, message: dict[str, Any]) -> None:
+    """Send ``message`` to ``group`` once the current transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: group_send_now(group, message))
