@@ -601,10 +601,14 @@ def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
     enabled = mobile_reply_active(user)
     bridges = devices if devices is not None else list(
         Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE))
+    if devices is not None:
+        # Reconnecting bridges already hold this value (their outbox is durable): nothing changed, so
+        # no write and no event (one read per connect; thousands of bridges reconnect after a restart).
+        bridges = [device for device in bridges if _last_switch_sent(device) != enabled]
+        if not bridges:
+            return enabled
     with transaction.atomic():
         for device in bridges:
-            if devices is not None and _last_switch_sent(device) == enabled:
-                continue  # a reconnecting bridge already holds this value (its outbox is durable)
             outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
         if not enabled and devices is None:
             waiting = list(Question.objects.select_related("session", "device").filter(
