@@ -13,6 +13,7 @@ send is logged, never raised: the write is committed and the layer is only a doo
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -25,9 +26,9 @@ from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
-# Per event loop: the last handed-over send (the next one waits for it), and the sends in flight.
-_tails: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
-_in_flight: set[asyncio.Task] = set()
+# Per event loop: the sends handed over and not yet done, drained in order by one task at a time.
+_pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, collections.deque] = weakref.WeakKeyDictionary()
+_drainers: set[asyncio.Task] = set()
 
 
 async def _send(group: str, message: dict[str, Any]) -> None:
@@ -40,18 +41,25 @@ async def _send(group: str, message: dict[str, Any]) -> None:
         logger.exception("could not send %s to %s", message.get("type"), group)
 
 
-async def _send_after(previous: asyncio.Task | None, group: str, message: dict[str, Any]) -> None:
-    if previous is not None and not previous.done():
-        await asyncio.wait([previous])
-    await _send(group, message)
+async def _drain(queue: collections.deque) -> None:
+    while queue:
+        group, message = queue[0]
+        try:
+            await _send(group, message)
+        finally:
+            queue.popleft()
 
 
 def _hand_over(loop: asyncio.AbstractEventLoop, group: str, message: dict[str, Any]) -> None:
     # Runs in the loop's thread, in the order the worker threads called call_soon_threadsafe.
-    task = loop.create_task(_send_after(_tails.get(loop), group, message))
-    _tails[loop] = task
-    _in_flight.add(task)
-    task.add_done_callback(_in_flight.discard)
+    queue = _pending.get(loop)
+    if queue is None:
+        queue = _pending[loop] = collections.deque()
+    queue.append((group, message))
+    if len(queue) == 1:  # no drainer running: the previous one empties the queue before it ends
+        task = loop.create_task(_drain(queue))
+        _drainers.add(task)
+        task.add_done_callback(_drainers.discard)
 
 
 def _worker_loop() -> asyncio.AbstractEventLoop | None:
