@@ -550,6 +550,11 @@ class Tunnel:
                 self._resolve({"id": request_id, "error": err} if err else {"id": request_id,
                                                                             "result": body.get("result")})
                 return
+            if status in (400, 413):  # refused as sent (too large, malformed): a retry cannot help
+                self._resolve({"id": request_id, "error": {
+                    "code": protocol.INVALID_PARAMS, "message": str(body.get("detail") or f"HTTP {status}"),
+                    "data": {"code": str(body.get("error") or "invalid_request")}}})
+                return
             attempt += 1
             await self._pause(backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap))
 
