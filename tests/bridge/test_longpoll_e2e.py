@@ -51,6 +51,15 @@ def test_round_trip_with_the_websocket_refused_then_back_to_the_websocket(tmp_pa
                        message="consumed on the platform")
             assert Device.objects.get(pk=desk.device_id).acked_seq >= 2
 
+            # The daemon stops mid-poll: its held pull ends with it, so the bridge is offline at once
+            # (the poll's channel is cleared), not only when the presence window runs out.
+            desk.process.stop()
+            wait_until(lambda: _device(desk).channel_name == "", timeout=5, message="the held pull cancelled")
+            state = session.get("/api/mobile/state").json()
+            assert [(b["name"], b["online"]) for b in state["bridges"]] == [("desk", False)]
+            desk.start()
+            assert _device(desk).is_long_polling
+
             # The network stops blocking WebSockets: the bridge goes back to the tunnel by itself.
             server.stop()
             server = Daphne(tmp_path, port=server.port, name="open", **FAST)
