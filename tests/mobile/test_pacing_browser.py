@@ -1,0 +1,52 @@
+"""Headless Chromium on /m/: a paced message says plainly that it waits, and its place in line."""
+
+from __future__ import annotations
+
+import pytest
+
+from mobile.models import PhoneMessage
+from tests.e2e_support import Daphne
+from tests.mobile.factories import ask
+from tests.mobile.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_phone_shows_a_waiting_message_with_its_place(tmp_path, client, bridge, mobile_user):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    ask(bridge)
+    client.force_login(mobile_user)
+    session_key = client.cookies["sessionid"].value
+    server = Daphne(tmp_path, AI1NET_MESSAGE_RATE="1", AI1NET_MESSAGE_RATE_WINDOW_SEC="3600")
+    try:
+        with playwright_api.sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+            )
+            try:
+                context.add_cookies([{"name": "sessionid", "value": session_key, "url": server.url}])
+                page = context.new_page()
+                page.goto(f"{server.url}/m/")
+                card = page.locator('[data-testid="session"][data-session-id="sess-1"]')
+                card.wait_for(timeout=15_000)
+                for text in ("first", "second", "third"):
+                    card.locator('[data-testid="message-text"]').fill(text)
+                    card.locator('[data-testid="send-message"]').click()
+                    card.locator(".m-log li", has_text=text).wait_for(timeout=15_000)
+                log = card.locator(".m-log")
+                assert log.locator("li", has_text="first").text_content() == "Sent: first"
+                assert log.locator("li", has_text="second").text_content().startswith("Waiting, 1 in line")
+                assert log.locator("li", has_text="third").text_content().startswith("Waiting, 2 in line")
+                # A fresh load shows the same line from /api/mobile/state.
+                page.reload()
+                card.locator(".m-log li", has_text="third").wait_for(timeout=15_000)
+                assert card.locator(".m-log li", has_text="third").text_content().startswith("Waiting, 2 in line")
+            finally:
+                context.close()
+    finally:
+        server.stop()
+    assert list(PhoneMessage.objects.order_by("created_at").values_list("state", flat=True)) == [
+        "queued", "waiting", "waiting"]
