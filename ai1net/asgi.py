@@ -5,12 +5,21 @@ Browser WebSockets are origin-checked and session-authenticated; the device tunn
 origin-checked (devices are not browsers) and authenticates by its bearer token instead.
 Each app contributes from its own ``routing.py``:
 ``websocket_urlpatterns`` (browser), ``device_websocket_urlpatterns``, ``http_urlpatterns``.
+With a device-web host (ai1net.hosts), sockets are refused where that host does not serve them.
+
+daphne caps WebSocket messages at 1 MiB (``--websocket-max-message-size`` / ``--websocket-max-frame-size``,
+autobahn's ``maxMessagePayloadSize``/``maxFramePayloadSize``), and autobahn applies the cap to what it sends
+too. A tunnel frame may reach ``clients.protocol.MAX_FRAME_BYTES`` (4 MiB: probe results, file writes), so
+``tunnel_message_limit`` raises the cap to that for /ws/device connections only, whatever command line
+started daphne; browser sockets keep daphne's 1 MiB.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ai1net.settings")
 
@@ -22,6 +31,9 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import re_path  # noqa: E402
+
+from ai1net.hosts import websocket_host_guard  # noqa: E402
+from clients import protocol  # noqa: E402
 
 ROUTED_APPS = ("ai1net.accounts", "devices", "im", "mobile", "probes")
 
@@ -39,11 +51,29 @@ def _collect(attribute: str) -> list:
     return patterns
 
 
+def tunnel_message_limit(app: Any, size: int = protocol.MAX_FRAME_BYTES) -> Any:
+    """On daphne (its ``send`` is ``partial(server.handle_reply, <autobahn protocol>)``), let the device
+    tunnel's connections carry messages up to ``size`` both ways. Set before the handshake is answered:
+    no frame can arrive before the consumer accepts, and it accepts authenticated devices only."""
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") == "websocket" and scope.get("path") == protocol.TUNNEL_PATH:
+            connection = send.args[0] if isinstance(send, functools.partial) and send.args else None
+            for option in ("maxMessagePayloadSize", "maxFramePayloadSize"):
+                current = getattr(connection, option, None)
+                if isinstance(current, int) and 0 < current < size:
+                    setattr(connection, option, size)
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 browser_websockets = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(_collect("websocket_urlpatterns"))))
 
 application = ProtocolTypeRouter(
     {
         "http": URLRouter([*_collect("http_urlpatterns"), re_path(r"", django_asgi_app)]),
-        "websocket": URLRouter([*_collect("device_websocket_urlpatterns"), re_path(r"", browser_websockets)]),
+        "websocket": tunnel_message_limit(websocket_host_guard(
+            URLRouter([*_collect("device_websocket_urlpatterns"), re_path(r"", browser_websockets)]))),
     }
 )

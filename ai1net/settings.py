@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -57,6 +58,17 @@ MOBILE_MESSAGE_RATE = int(os.environ.get("AI1NET_MESSAGE_RATE", "10"))
 MOBILE_MESSAGE_RATE_WINDOW_SEC = float(os.environ.get("AI1NET_MESSAGE_RATE_WINDOW_SEC", "60"))
 MOBILE_MESSAGE_QUEUE_MAX = int(os.environ.get("AI1NET_MESSAGE_QUEUE_MAX", "20"))
 DEVICE_WEB_ENABLED = env_bool("AI1NET_DEVICE_WEB", True)
+# Device web on a host of its own (ai1net.hosts), e.g. dw.ai1net.example: a device's pages then never
+# share the platform's origin. Unset: served on the platform's host (check --deploy warns, ai1net.W001).
+DEVICE_WEB_HOST = os.environ.get("AI1NET_DEVICE_WEB_HOST", "").strip().lower().rstrip("/")
+if DEVICE_WEB_HOST:
+    if "/" in DEVICE_WEB_HOST or "@" in DEVICE_WEB_HOST:
+        raise ImproperlyConfigured("AI1NET_DEVICE_WEB_HOST is a host name (dw.ai1net.example), not a URL.")
+    _device_web_hostname = urlsplit(f"//{DEVICE_WEB_HOST}").hostname or ""
+    if PUBLIC_URL and _device_web_hostname == (urlsplit(PUBLIC_URL).hostname or ""):
+        raise ImproperlyConfigured("AI1NET_DEVICE_WEB_HOST must differ from the host of AI1NET_PUBLIC_URL.")
+    if "*" not in ALLOWED_HOSTS and _device_web_hostname not in ALLOWED_HOSTS:
+        ALLOWED_HOSTS = [*ALLOWED_HOSTS, _device_web_hostname]
 # Probes: how long a write/command waits for its approval; whether an agent's API token may approve
 # (off: approvals come from a person's session, in Studio or on the phone).
 PROBES_APPROVAL_TTL_SEC = int(os.environ.get("AI1NET_PROBES_APPROVAL_TTL_SEC", "900"))
@@ -100,6 +112,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "ai1net.hosts.device_web_host_middleware",  # device web's own host: only /d/ and the login there
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

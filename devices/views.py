@@ -10,10 +10,14 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
+from ai1net import hosts
+from ai1net.accounts.selectors import device_web_active
 from ai1net.exceptions import ApplicationError
+from clients import protocol
 from devices import selectors, services
 from devices.access import http_otp_satisfied
 from devices.api import client_ip, public_base
+from devices.models import Device
 
 
 def _otp_refusal(request: HttpRequest) -> HttpResponse | None:
@@ -63,4 +67,12 @@ def pair_code(request: HttpRequest, user_code: str) -> HttpResponse:
 def device_list(request: HttpRequest) -> HttpResponse:
     if refusal := _otp_refusal(request):
         return refusal
-    return render(request, "devices/list.html", {"devices": selectors.devices_for_user(user=request.user)})
+    devices = list(selectors.devices_for_user(user=request.user))
+    # Device web: a bridge's exposed ports, as links (on device web's own host when it has one).
+    origin = hosts.device_web_origin(request.scheme, request.get_host()) if hosts.separate() else ""
+    for device in devices:
+        ports = device.ports if device.kind == Device.Kind.BRIDGE and device.status == Device.Status.ACTIVE else []
+        device.web_links = [(port, f"{origin}/d/{device.pk}/{port}/") for port in ports or []
+                            if isinstance(port, int) and protocol.web_port_allowed(port)]
+    return render(request, "devices/list.html", {"devices": devices,
+                                                 "device_web_active": device_web_active(request.user)})

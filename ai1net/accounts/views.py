@@ -22,6 +22,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_otp import login as otp_login
 
+from ai1net import hosts
 from ai1net.accounts import ratelimit, selectors, services
 from ai1net.accounts.forms import ApiTokenForm, FirstOperatorForm, LoginForm, OtpForm
 from ai1net.accounts.models import BackupCodeDevice, User
@@ -42,6 +43,8 @@ def _next_url(request: HttpRequest) -> str:
     candidate = request.POST.get("next") or request.GET.get("next") or ""
     if candidate and url_has_allowed_host_and_scheme(candidate, {request.get_host()}, request.is_secure()):
         return candidate
+    if hosts.is_device_web_host(request.get_host()):  # that host serves no home page: the platform's
+        return hosts.platform_home()
     return reverse("home")
 
 

@@ -1,7 +1,9 @@
 """The four gates of device web, in order, in one function used by the HTTP and WebSocket paths.
 
 1. the platform switch (``AI1NET_DEVICE_WEB``): off -> 503 ``device_web_off`` (an emergency stop, said
-   plainly, rather than pretending nothing is there);
+   plainly, rather than pretending nothing is there); and, with ``AI1NET_DEVICE_WEB_HOST`` set, the
+   request came to that host (elsewhere -> ``DeviceWebElsewhere``: HTTP redirects there, a WebSocket is
+   refused; see ai1net.hosts);
 2. a logged-in user (OTP-verified when they have a confirmed OTP device; no session -> 401, pages
    redirect to the login) who owns the device and has device web on (someone else's or unknown
    device, or the user's switch off -> 404);
@@ -16,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 
+from ai1net import hosts
 from ai1net.accounts.selectors import device_web_active, otp_session_ok
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
@@ -29,19 +32,31 @@ class DeviceWebOff(Unavailable):
     default_detail = "Device web is switched off on this platform for now."
 
 
+class DeviceWebElsewhere(ApplicationError):
+    """Device web has a host of its own and this request came to the platform's: HTTP answers 302 to
+    the same path there (devices.web.streams.error_response)."""
+
+    code = "device_web_elsewhere"
+    status = 302
+    default_detail = "Device web is served on its own host."
+
+
 class PortNotExposed(ApplicationError):
     code = "port_not_exposed"
     status = 502
     default_detail = "The device does not expose this port."
 
 
-def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = None) -> Device:
+def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = None, host: str | None = None) -> Device:
     """The device the user may reach on ``port``, or the ApplicationError that says why not.
 
     ``session`` is the user's session (for the OTP rule); pass None only where OTP is checked already.
+    ``host`` is the request's Host header (checked only when device web has a host of its own).
     """
     if not settings.DEVICE_WEB_ENABLED:
         raise DeviceWebOff()
+    if hosts.separate() and not hosts.is_device_web_host(host):
+        raise DeviceWebElsewhere()
     if user is None or not getattr(user, "is_authenticated", False):
         raise NotAuthenticated("Log in to reach your devices.")
     if session is not None and not otp_session_ok(user, session):

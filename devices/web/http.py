@@ -100,7 +100,8 @@ class DeviceWebHttp:
         device_id, port = kwargs.get("device_id"), kwargs.get("port")
         try:
             device = await database_sync_to_async(check_device_web)(
-                scope.get("user"), device_id, port, session=scope.get("session"))
+                scope.get("user"), device_id, port, session=scope.get("session"),
+                host=streams.header_value(scope, b"host"))
             length = streams.header_value(scope, b"content-length")
             if length.isdigit() and int(length) > settings.DEVICE_WEB_MAX_REQUEST_BYTES:
                 raise PayloadTooLarge(f"Request bodies through device web are capped at "

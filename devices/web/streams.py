@@ -21,6 +21,7 @@ from channels.exceptions import ChannelFull
 from django.conf import settings
 from django.shortcuts import resolve_url
 
+from ai1net import hosts
 from ai1net.exceptions import ApplicationError
 from clients import protocol
 
@@ -197,11 +198,19 @@ def forward_headers(scope: dict[str, Any], prefix: str, *, websocket: bool = Fal
     return headers
 
 
+# On the platform's own host (no AI1NET_DEVICE_WEB_HOST) a device's page shares the platform's origin:
+# it gets no opener relation with platform windows, and, unless it overrides it per request, a Referer
+# that tells the platform where a request comes from (ai1net.hosts.from_device_page).
+SHARED_ORIGIN_HEADERS = ((b"cross-origin-opener-policy", b"same-origin"), (b"referrer-policy", b"same-origin"))
+
+
 def response_headers(raw: Any) -> list[tuple[bytes, bytes]] | None:
     """The device's response headers for the browser, or None when they are malformed."""
     if not isinstance(raw, list) or len(raw) > protocol.WEB_MAX_HEADERS:
         return None
     mine = {settings.SESSION_COOKIE_NAME.lower(), settings.CSRF_COOKIE_NAME.lower()}
+    shared_origin = not hosts.separate()
+    replaced = {name for name, _ in SHARED_ORIGIN_HEADERS} if shared_origin else set()
     headers: list[tuple[bytes, bytes]] = []
     for pair in raw:
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(x, str) for x in pair):
@@ -209,7 +218,7 @@ def response_headers(raw: Any) -> list[tuple[bytes, bytes]] | None:
         name, value = pair[0].strip().lower(), pair[1]
         if not name or any(c in value for c in "\r\n\0") or any(c in name for c in " :\r\n\0"):
             return None
-        if name.encode("latin-1", "replace") in HOP_BY_HOP:
+        if name.encode("latin-1", "replace") in HOP_BY_HOP | replaced:
             continue
         if name == "set-cookie" and value.split("=", 1)[0].strip().lower() in mine:
             continue  # a device must not overwrite the platform's session or CSRF cookie
@@ -217,6 +226,8 @@ def response_headers(raw: Any) -> list[tuple[bytes, bytes]] | None:
             headers.append((name.encode("latin-1"), value.encode("latin-1")))
         except UnicodeEncodeError:
             return None
+    if shared_origin:
+        headers.extend(SHARED_ORIGIN_HEADERS)
     return headers
 
 
@@ -228,6 +239,14 @@ def error_response(exc: ApplicationError, scope: dict[str, Any]) -> tuple[int, l
     """(status, headers, body) for a refused or failed request: a plain page for browsers (a login
     redirect when there is no session), {"error", "detail"} JSON otherwise."""
     html_wanted = wants_html(scope)
+    if exc.status == 302:  # device web has a host of its own: the same address there
+        raw = scope.get("raw_path")
+        target = raw.decode("latin-1") if raw else quote(scope.get("path", "/"), safe="/")
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme") or "http", scope.get("scheme") or "http")
+        location = hosts.device_web_url(scheme, header_value(scope, b"host"), target)
+        return 302, [(b"location", location.encode("latin-1")), (b"cache-control", b"no-store")], b""
     if exc.status == 401 and html_wanted:
         path = scope.get("raw_path") or scope.get("path", "/").encode()
         query = scope.get("query_string") or b""

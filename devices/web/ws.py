@@ -50,7 +50,8 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         self.open_timer: asyncio.Task | None = None
         try:
             device = await database_sync_to_async(check_device_web)(
-                self.scope.get("user"), kwargs.get("device_id"), kwargs.get("port"), session=self.scope.get("session"))
+                self.scope.get("user"), kwargs.get("device_id"), kwargs.get("port"), session=self.scope.get("session"),
+                host=streams.header_value(self.scope, b"host"))
         except ApplicationError as exc:
             logger.info("device web socket refused: %s", exc.code)
             await self.close()  # before accept: the handshake is rejected (403)
