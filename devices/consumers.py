@@ -133,9 +133,10 @@ def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
 class _TunnelSweep:
     """The database side of every tunnel's heartbeat in this process (one per event loop).
 
-    Each beat it reads (status, next_seq) of all connected devices in one query per SWEEP_CHUNK rows
+    Each beat it reads (status, next_seq, channel) of all connected devices in one query per SWEEP_CHUNK rows
     and writes last_seen_at of those due in one UPDATE per chunk; a tunnel whose device was revoked
-    closes with 4403, one with items a lost doorbell left behind pumps. Before, every tunnel read its
+    closes with 4403, one that a newer connection replaced with 4409 (if that message was lost), one
+    with items a lost doorbell left behind pumps. Before, every tunnel read its
     row on its own beat: 15,000 idle tunnels at a 20 s beat were 750 reads/s (and 250 writes/s).
     """
 
@@ -183,9 +184,10 @@ class _TunnelSweep:
                 logger.exception("tunnel heartbeat sweep failed")
                 continue
             for tunnel in tunnels:
-                status, next_seq = states.get(tunnel.device.pk, (None, 0))
-                if status != Device.Status.ACTIVE or next_seq - 1 > tunnel.last_sent:
-                    task = loop.create_task(tunnel._swept(status, next_seq))
+                status, next_seq, channel = states.get(tunnel.device.pk, (None, 0, ""))
+                replaced = bool(channel) and channel != tunnel.channel_name
+                if status != Device.Status.ACTIVE or replaced or next_seq - 1 > tunnel.last_sent:
+                    task = loop.create_task(tunnel._swept(status, next_seq, replaced))
                     _background.add(task)
                     task.add_done_callback(_background.discard)
 
@@ -318,7 +320,13 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.group_added_at = self.loop.time()
         if older:
             await self.channel_layer.group_discard(group, older)
-            await self.channel_layer.send(older, {"type": events.REPLACED})
+            try:
+                await self.channel_layer.send(older, {"type": events.REPLACED})
+            except ChannelFull:
+                # The older connection's process is gone (a restart): channels-redis keeps one list per
+                # process, and 1,000 reconnects filled it. A live older connection that missed this
+                # learns it from the sweep (its device's channel is no longer its own).
+                logger.info("replaced connection %s of %s is not listening", older, device.pk)
         self.hello_done = True
         self.last_sent = self.acked = self.acked_flushed = hello["ackedSeq"]
         self.last_seen_write = self.loop.time()
@@ -446,12 +454,15 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         except Exception:
             logger.exception("tunnel heartbeat of %s failed", getattr(self.device, "pk", None))
 
-    async def _swept(self, status: str | None, next_seq: int) -> None:
-        """The sweep read this device's row: close a revoked tunnel, send what a lost doorbell left."""
+    async def _swept(self, status: str | None, next_seq: int, replaced: bool = False) -> None:
+        """The sweep read this device's row: close a revoked or replaced tunnel (its message may have
+        been lost), send what a lost doorbell left."""
         if self.closing or not self.hello_done:
             return
         if status != Device.Status.ACTIVE:
             await self._close(protocol.CLOSE_REVOKED)
+        elif replaced:
+            await self._close(protocol.CLOSE_REPLACED)
         elif next_seq - 1 > self.last_sent:
             await self._pump()
 

@@ -41,10 +41,12 @@ def outbox_unacked_after(*, device_id: Any, after_seq: int, limit: int) -> list[
     )
 
 
-def devices_tick_state(*, device_ids: list[Any], chunk: int = 500) -> dict[Any, tuple[str, int]]:
-    """device id -> (status, next_seq) for many tunnels at once (the heartbeat sweep); gone ones are absent."""
-    states: dict[Any, tuple[str, int]] = {}
+def devices_tick_state(*, device_ids: list[Any], chunk: int = 500) -> dict[Any, tuple[str, int, str]]:
+    """device id -> (status, next_seq, channel_name) for many tunnels at once (the heartbeat sweep);
+    gone ones are absent."""
+    states: dict[Any, tuple[str, int, str]] = {}
     for start in range(0, len(device_ids), chunk):
-        rows = Device.objects.filter(pk__in=device_ids[start:start + chunk]).values_list("pk", "status", "next_seq")
-        states.update((pk, (status, next_seq)) for pk, status, next_seq in rows)
+        rows = Device.objects.filter(pk__in=device_ids[start:start + chunk]).values_list(
+            "pk", "status", "next_seq", "channel_name")
+        states.update((pk, (status, next_seq, channel)) for pk, status, next_seq, channel in rows)
     return states

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -57,6 +58,30 @@ async def test_one_sweep_revokes_silently_and_finds_items_a_lost_doorbell_left(u
 
 
 @pytest.mark.django_db(transaction=True)
+async def test_a_replaced_tunnel_that_missed_its_message_is_closed_by_the_sweep(user, settings, monkeypatch):
+    settings.DEVICE_HEARTBEAT_SEC = 0.3
+    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
+    older = FakeDevice(token)
+    await older.open()
+    await older.hello()
+    layer = get_channel_layer()
+    send = layer.send
+
+    async def lose_replaced(channel, message):
+        if message.get("type") == "devices.replaced":
+            raise ChannelFull(channel)  # as when the older connection's process is gone (channels-redis)
+        await send(channel, message)
+
+    monkeypatch.setattr(layer, "send", lose_replaced)
+    newer = FakeDevice(token)
+    await newer.open()
+    await newer.hello()  # the hello goes through although the message could not be sent
+    assert await older.closed(timeout=3) == protocol.CLOSE_REPLACED
+    assert await db(lambda: Device.objects.get(pk=device.pk).channel_name)() != ""
+    await newer.close()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_sweep_reads_and_marks_many_devices_in_one_query_per_chunk(user):
     created = [services.device_create(owner=user, name=f"d{i}", kind="bridge")[0] for i in range(5)]
     for i, device in enumerate(created):
@@ -69,7 +94,7 @@ def test_sweep_reads_and_marks_many_devices_in_one_query_per_chunk(user):
         services.devices_seen(connections=[(d.pk, f"chan{i}") for i, d in enumerate(created[:4])]
                               + [(created[4].pk, "older")], chunk=10)
     assert len(queries) == 3
-    assert states == {d.pk: (Device.Status.ACTIVE, 1) for d in created}
+    assert states == {d.pk: (Device.Status.ACTIVE, 1, f"chan{i}") for i, d in enumerate(created)}
     seen = dict(Device.objects.values_list("pk", "last_seen_at"))
     assert all(seen[d.pk] is not None for d in created[:4]) and seen[created[4].pk] is None
 
