@@ -142,9 +142,12 @@ async def tunnel_rtt(url: str, token: str, samples: int) -> tuple[list[float], l
     try:
         await drain_and_ack(ws, 0.5)
         deliver_times, request_times = [], []
+        # Request ids unique per run: the platform answers a repeated id from its record (idempotent
+        # retries) without running it again, so ids reused by a later layer's phase enqueued nothing.
+        run = uuid.uuid4().hex
         for k in range(samples + 10):
             start = time.perf_counter()
-            await ws.send(protocol.request("bench.enqueue", {"n": 1}, f"e{k}"))
+            await ws.send(protocol.request("bench.enqueue", {"n": 1}, f"e{k}-{run}"))
             got_deliver = got_result = False
             while not (got_deliver and got_result):
                 message = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -153,7 +156,7 @@ async def tunnel_rtt(url: str, token: str, samples: int) -> tuple[list[float], l
                         deliver_times.append((time.perf_counter() - start) * 1000)
                     got_deliver = True
                     await ws.send(protocol.notification(protocol.ACK, {"seq": message["params"]["seq"]}))
-                elif message.get("id") == f"e{k}":
+                elif message.get("id") == f"e{k}-{run}":
                     got_result = True
         for k in range(samples):
             start = time.perf_counter()
@@ -184,7 +187,7 @@ async def tunnel_throughput(url: str, token: str, count: int) -> float:
     try:
         await drain_and_ack(ws, 0.5)
         start = time.perf_counter()
-        await ws.send(protocol.request("bench.enqueue", {"n": count}, "burst"))
+        await ws.send(protocol.request("bench.enqueue", {"n": count}, f"burst-{uuid.uuid4().hex}"))
         received = 0
         while received < count:
             message = json.loads(await asyncio.wait_for(ws.recv(), 60))
