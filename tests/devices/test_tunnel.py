@@ -112,14 +112,14 @@ async def test_hello_makes_the_device_online_and_pushes_presence(paired, user, s
         dev, reply = await connected(token)
         assert reply == {"deviceId": str(device.pk), "heartbeatSec": 20, "protocolVersion": protocol.PROTOCOL_VERSION,
                          "resendFrom": 1}
-        event = await asyncio.wait_for(layer.receive(page), 3)
+        event = await asyncio.wait_for(layer.receive(page), 10)
         assert event["type"] == "devices.presence.changed"
         assert event["device_id"] == str(device.pk) and event["online"] is True and event["connection_count"] == 1
         fresh = await db(Device.objects.get)(pk=device.pk)
         assert fresh.is_online and fresh.capabilities == ["mobile"] and fresh.client_version == "test"
         assert seen and seen[0][0] == device.pk
         await dev.close()
-        event = await asyncio.wait_for(layer.receive(page), 3)
+        event = await asyncio.wait_for(layer.receive(page), 10)
         assert event["online"] is False
         fresh = await db(Device.objects.get)(pk=device.pk)
         assert not fresh.is_online and fresh.disconnected_at is not None
