@@ -210,3 +210,23 @@ def test_a_command_cut_by_a_dropped_connection_is_not_run_again_after_the_reconn
         http.close()
         person.close()
         probe.stop()
+
+
+def test_a_one_run_probes_token_dies_after_it_disconnects(tmp_path, user, project):
+    """The probe keeps nothing: once its connection is gone (past the grace), the token opens nothing."""
+    server = Daphne(tmp_path, name="grace", AI1NET_EPHEMERAL_GRACE_SEC="1", AI1NET_HEARTBEAT_SEC="1")
+    device, token = device_services.device_create(owner=user, name="once", kind="probe", ephemeral=True)
+    probe = start_probe(server, device, token, project, tmp_path)
+    try:
+        probe.kill()  # as a crash or a closed laptop would: no goodbye
+        wait_until(lambda: Device.objects.get(pk=device.pk).status == Device.Status.REVOKED, 20,
+                   message="the one-run token revoked after the grace")
+        again = Process([sys.executable, "-m", "clients.probe", "run", server.url, "--allow", str(project)],
+                        tmp_path / "probe-again.log",
+                        env={**{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL"))},
+                             "AI1NET_PROBE_TOKEN": token, "AI1NET_PROBE_DEVICE_ID": str(device.pk)})
+        assert again.popen.wait(30) == 3, again.log()  # refused for good (4403), not retried
+        assert not Device.objects.get(pk=device.pk).is_online
+    finally:
+        probe.stop()
+        server.stop()
