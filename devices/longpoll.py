@@ -94,6 +94,17 @@ def _send_signal(signal: Any, **kwargs: Any) -> None:
             logger.error("receiver %r of %s failed", receiver, signal, exc_info=result)
 
 
+async def _device_and_body(request: HttpRequest) -> tuple[Device, dict[str, Any]] | JsonResponse:
+    """The device the bearer token names and the JSON body, or the refusal to send instead."""
+    device = await _device(request)
+    if isinstance(device, JsonResponse):
+        return device
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    return device, body
+
+
 def _items(rows: list[tuple[int, str, Any]]) -> list[dict[str, Any]]:
     return [{"seq": seq, "kind": kind, "payload": payload} for seq, kind, payload in rows]
 
@@ -101,12 +112,10 @@ def _items(rows: list[tuple[int, str, Any]]) -> list[dict[str, Any]]:
 @csrf_exempt
 @require_POST
 async def pull(request: HttpRequest) -> JsonResponse:
-    device = await _device(request)
-    if isinstance(device, JsonResponse):
-        return device
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    checked = await _device_and_body(request)
+    if isinstance(checked, JsonResponse):
+        return checked
+    device, body = checked
     acked = body.get("ackedSeq", 0)
     if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
         return _error(400, "invalid_params", "ackedSeq must be a non-negative integer")
@@ -154,12 +163,10 @@ async def pull(request: HttpRequest) -> JsonResponse:
 @csrf_exempt
 @require_POST
 async def push(request: HttpRequest) -> JsonResponse:
-    device = await _device(request)
-    if isinstance(device, JsonResponse):
-        return device
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    checked = await _device_and_body(request)
+    if isinstance(checked, JsonResponse):
+        return checked
+    device, body = checked
     request_id, method, params = body.get("id"), body.get("method"), body.get("params", {})
     if isinstance(request_id, bool) or not isinstance(request_id, str | int) or not str(request_id):
         return _error(400, "invalid_request", "id must be a string or integer")
