@@ -23,6 +23,10 @@ from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# Debian's chromium, as root on a closed network (see shared/reference/stack-notes.md); never a downloaded browser.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VENV_BIN = Path(sys.executable).parent
 
 

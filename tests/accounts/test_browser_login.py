@@ -6,13 +6,9 @@ import pytest
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from ai1net.accounts.models import AuditEntry
-from tests.e2e_support import Daphne, wait_until
+from tests.e2e_support import CHROMIUM, CHROMIUM_ARGS, Daphne, wait_until
 
 from .helpers import totp_code
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def _fits_phone(page) -> bool:

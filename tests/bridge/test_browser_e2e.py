@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e_support import CHROMIUM, CHROMIUM_ARGS
+
 from .test_mobile_e2e import FEATURES, FRAMEWORK, ask, start_session, world  # noqa: F401 - world is a fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def test_tapping_options_on_the_phone_page_answers_the_waiting_hook(world, tmp_path):  # noqa: F811

@@ -11,10 +11,8 @@ from django.db import connection
 from devices.models import OutboxItem
 from mobile import services
 from mobile.models import Answer, Question
-from tests.e2e_support import Daphne, wait_until
+from tests.e2e_support import CHROMIUM, CHROMIUM_ARGS, Daphne, wait_until
 from tests.mobile.factories import TWO_QUESTIONS, ask
-
-CHROMIUM = "/usr/bin/chromium"
 
 
 def in_thread(fn, **kwargs):
@@ -27,8 +25,6 @@ def in_thread(fn, **kwargs):
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(run).result(timeout=30)
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.mark.e2e

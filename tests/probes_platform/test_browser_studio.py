@@ -7,12 +7,8 @@ import pytest
 
 from devices import services as device_services
 from probes.models import ProbeCommand
-from tests.e2e_support import Daphne, wait_until
+from tests.e2e_support import CHROMIUM, CHROMIUM_ARGS, Daphne, wait_until
 from tests.probes_platform.test_e2e_probe import agent, command, start_probe
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.mark.e2e
