@@ -68,9 +68,10 @@ def room_post(*, command: ProbeCommand, text: str) -> None:
     try:
         from im.services import message_post, room_get_or_create_studio
 
-        room = room_get_or_create_studio(user=command.owner, device=command.device)
         body = {"text": text, "probe_command": str(command.pk), "op": command.op, "state": command.state}
-        message_post(room=room, author_device=command.device, kind="event", body=body)
+        with transaction.atomic():  # a savepoint: a failed post never undoes the caller's transaction
+            room = room_get_or_create_studio(user=command.owner, device=command.device)
+            message_post(room=room, author_device=command.device, kind="event", body=body)
     except Exception:
         logger.exception("could not post probe command %s into its Studio room", command.pk)
 
@@ -280,18 +281,24 @@ def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dic
     except limits.LimitExceeded as exc:  # declared in clients.limits: store the refusal, not the result
         state, result, error = State.FAILED, None, {"code": "too_large", "detail": str(exc)}
     try:
-        finished = in_flight.update(
-            state=state, result=_without_nul(result), error=_without_nul(error), finished_at=timezone.now()
-        )
+        # The outcome and its post in the Studio room commit together: whoever sees one sees both.
+        with transaction.atomic():
+            finished = in_flight.update(
+                state=state, result=_without_nul(result), error=_without_nul(error), finished_at=timezone.now()
+            )
+            if finished:
+                command.refresh_from_db()
+                room_post(command=command, text=_summary(command))
     except DatabaseError:  # never leave it `sent`: the caller would wait for nothing
         logger.exception("could not store the outcome of probe command %s", command.pk)
         finished = in_flight.update(state=State.FAILED, finished_at=timezone.now(), error={
             "code": "internal_error", "detail": "The probe answered, but the answer could not be stored."})
+        if finished:
+            command.refresh_from_db()
+            room_post(command=command, text=_summary(command))
     if not finished:  # already failed (disconnect) or swept: the first outcome stands
         return
-    command.refresh_from_db()
     _notify_finished()
-    room_post(command=command, text=_summary(command))
 
 
 def _audit(command: ProbeCommand, *, actor: Any, action: str, ip: str | None = None, **extra: Any) -> None:
