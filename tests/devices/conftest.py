@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from devices import signals
+
 
 @pytest.fixture
 def device_client() -> Client:
@@ -19,3 +21,14 @@ def start_pairing(device_client):
         return response.json()
 
     return start
+
+
+@pytest.fixture
+def isolated_device_signals():
+    """Silence the other apps' receivers of device_connected/disconnected for the test."""
+    saved = {signal: list(signal.receivers) for signal in (signals.device_connected, signals.device_disconnected)}
+    for signal in saved:
+        signal.receivers = []
+    yield
+    for signal, receivers in saved.items():
+        signal.receivers = receivers

@@ -25,14 +25,8 @@ db = sync_to_async
 
 
 @pytest.fixture(autouse=True)
-def _isolated_signals():
+def _isolated(isolated_device_signals):
     """Other apps react to connections (e.g. mobile enqueues its switch); these tests count seqs exactly."""
-    saved = {signal: list(signal.receivers) for signal in (signals.device_connected, signals.device_disconnected)}
-    for signal in saved:
-        signal.receivers = []
-    yield
-    for signal, receivers in saved.items():
-        signal.receivers = receivers
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from ai1net import realtime
 from ai1net.channel_layers import InMemoryChannelLayer
 from clients import protocol
-from devices import services, signals
+from devices import services
 from devices.models import Device, OutboxItem
 from tests.devices.tunnel_support import Device as FakeDevice
 
@@ -23,13 +23,8 @@ db = sync_to_async
 
 
 @pytest.fixture(autouse=True)
-def _isolated_signals():
-    saved = {signal: list(signal.receivers) for signal in (signals.device_connected, signals.device_disconnected)}
-    for signal in saved:
-        signal.receivers = []
-    yield
-    for signal, receivers in saved.items():
-        signal.receivers = receivers
+def _isolated(isolated_device_signals):
+    """Other apps react to connections (e.g. mobile enqueues its switch); these tests count seqs exactly."""
 
 
 @pytest.mark.django_db(transaction=True)
