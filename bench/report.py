@@ -1,0 +1,65 @@
+"""One table for every hot-path benchmark: a row per measured path, the bare baseline measured beside it
+in the same run, the ratio, and whether the target of issue 10 is met.
+
+Each benchmark script takes ``--json FILE`` and appends its rows there (a JSON list); ``python -m bench all``
+runs the scripts one after another and prints every row in one table with :func:`table`.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+_COMPARE = {"<=": operator.le, ">=": operator.ge}
+
+
+@dataclass
+class Row:
+    """One measured path. ``value`` is what the target judges (a p99 in ms, a ratio, a median ...)."""
+
+    path: str  # what was measured, e.g. "hook starts -> phone shows question"
+    config: str  # "embedded" or "pg+redis, 2 daphne"
+    measured: str  # human figure, e.g. "p50 12.1 / p99 40.3 ms" or "312 MiB/s"
+    baseline: str  # the bare baseline beside it, e.g. "echo p50 0.3 / p99 0.7 ms" or "direct 640 MiB/s"
+    ratio: float | None  # measured / baseline where that means something, else None
+    value: float  # the figure the target compares
+    target: str  # e.g. "<= 60" (same unit as value)
+    unit: str = ""  # unit of value and target, e.g. "ms p99", "x echo p99", "x direct"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def met(self) -> bool:
+        op, limit = self.target.split()
+        return _COMPARE[op](self.value, float(limit))
+
+
+def append(path: str | Path | None, rows: list[Row]) -> None:
+    """Add rows to the JSON list in ``path`` (created if missing); no-op without a path."""
+    if not path:
+        return
+    target = Path(path)
+    existing = json.loads(target.read_text()) if target.exists() and target.stat().st_size else []
+    existing.extend(asdict(row) for row in rows)
+    target.write_text(json.dumps(existing, indent=1))
+
+
+def load(path: str | Path) -> list[Row]:
+    target = Path(path)
+    if not target.exists() or not target.stat().st_size:
+        return []
+    return [Row(**item) for item in json.loads(target.read_text())]
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a Markdown table (README's Performance section quotes it as printed)."""
+    head = ["path", "config", "measured", "baseline (same run)", "ratio", "target", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
+        target = f"{row.target} {row.unit}".strip()
+        lines.append(f"| {row.path} | {row.config} | {row.measured} | {row.baseline} | {ratio} | {target} | "
+                     f"{'yes' if row.met else 'NO'} |")
+    notes = [f"- {row.path} ({row.config}): {note}" for row in rows for note in row.notes]
+    return "\n".join(lines + ([""] + notes if notes else []))
