@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install lint pyz clean
+.PHONY: run test deps install lint pyz clean bench bench-quick
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): requirements.txt
 
 install: $(STAMP)
 
+# System programs the suite needs beyond Python and make (Chromium, ripgrep, ...): installed with apt-get
+# when missing and allowed, else one line naming them. A no-op once they are there.
+deps:
+	@bash scripts/system-deps.sh
+
 pyz: $(STAMP)
 	$(PY) -m clients.build --out static/downloads
 
@@ -24,8 +29,15 @@ run: install pyz
 	$(PY) manage.py first_run_link --public-url http://$(HOST):$(PORT)
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) ai1net.asgi:application
 
-test: install pyz
+test: deps install pyz
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The hot-path benchmarks of issue 10, each beside its bare baseline (minutes; --quick: under 3).
+bench: install pyz
+	$(PY) -m bench all $(BENCH_ARGS)
+
+bench-quick: install pyz
+	$(PY) -m bench all --quick $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

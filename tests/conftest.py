@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from django.conf import settings
 from django.core.cache import cache
+
+# System programs that tests of a marker need, with the Debian package that provides each (`make deps`
+# installs them). A missing one stops the run before any test with one line, never a silent skip.
+SYSTEM_PROGRAMS = {"browser": ("chromium", "chromium"), "ripgrep": ("rg", "ripgrep")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    markers = {mark.name for item in items for mark in item.iter_markers()}
+    missing = sorted({package for marker, (program, package) in SYSTEM_PROGRAMS.items()
+                      if marker in markers and shutil.which(program) is None})
+    if missing:
+        pytest.exit(f"missing system package(s) {' '.join(missing)} for the selected tests: run 'make deps' "
+                    f"(or 'sudo apt-get install -y {' '.join(missing)}')", returncode=4)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import pytest
 
 from clients.probe.ops import ProbeError
 
-needs_rg = pytest.mark.skipif(shutil.which("rg") is None, reason="ripgrep is not installed")
+needs_rg = pytest.mark.ripgrep  # tests/conftest.py stops the run when rg is missing
 
 
 @pytest.fixture
