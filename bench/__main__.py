@@ -1,0 +1,64 @@
+"""Run the hot-path benchmarks of issue 10 and print one table, each row beside its bare baseline.
+
+    .venv/bin/python -m bench all            # every benchmark, both configurations (make bench)
+    .venv/bin/python -m bench all --quick    # fewer samples: under 3 minutes on 2 cores (make bench-quick)
+    .venv/bin/python -m bench roundtrip      # one of them: roundtrip, tunnel, deviceweb
+
+Each benchmark is its own script (bench/<name>.py) that starts its own processes and databases: the
+embedded default (SQLite, in-memory layer, one daphne) and the scaled-out one (PostgreSQL + Redis,
+two daphne processes). They run one after another, so no two compete for the two cores; their own
+output goes to the terminal as they run, and the table comes last (Markdown, as README quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.report import load, table
+
+ROOT = Path(__file__).resolve().parent.parent
+# name -> the script's arguments for both configurations (each script prints its own progress)
+BENCHES: dict[str, list[str]] = {
+    "roundtrip": ["--config", "both"],
+    "tunnel": ["--config", "both"],
+    "deviceweb": ["--config", "both"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=["all", *BENCHES], help="all, or one benchmark")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (the whole run under 3 minutes)")
+    parser.add_argument("--json", help="also keep the rows in this file (JSON)")
+    args = parser.parse_args(argv)
+
+    names = list(BENCHES) if args.which == "all" else [args.which]
+    with tempfile.TemporaryDirectory(prefix="ai1net-bench-") as tmp:
+        rows_file = Path(args.json or Path(tmp) / "rows.json")
+        rows_file.write_text("[]")
+        started, failed = time.monotonic(), []
+        for name in names:
+            argv_bench = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *BENCHES[name], "--json", str(rows_file)]
+            if args.quick:
+                argv_bench.append("--quick")
+            print(f"\n##### {name}: {' '.join(argv_bench[1:])}", flush=True)
+            begun = time.monotonic()
+            if subprocess.run(argv_bench, cwd=ROOT).returncode != 0:
+                failed.append(name)
+            print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
+        rows = load(rows_file)
+        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)\n")
+        print(table(rows))
+        if failed:
+            print(f"\nfailed: {', '.join(failed)} (see their output above)")
+    return 1 if failed or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
