@@ -3,8 +3,14 @@
 Reads the hook JSON on stdin, asks the local daemon (`<home>/local.json` gives its 127.0.0.1 port and
 secret) and prints the hook's JSON answer on stdout. It FAILS OPEN: daemon down, timeout, malformed
 input, any exception or AI1NET_MOBILE_OFF=1 -> exit 0 with no output, so the desktop behaves as if
-nothing were installed. Keep the imports here to the standard library's cheapest modules: this runs
-once per hook event and must finish in well under a second when there is nothing to do.
+nothing were installed.
+
+This module is also the hook's whole program: ``python -S -m clients.bridge --home H hook …`` (what
+``hooks install`` writes; ``clients.bridge.__main__`` hands ``hook`` straight here without loading the
+command line, the daemon or websockets) and the .pyz run the same way. It runs once per hook event, so
+its start-up is on the question's path: it imports ``json``, ``os``, ``sys`` and ``time`` and, once there
+is a daemon to ask, ``socket`` (a plain HTTP/1.1 request, not ``http.client``, which pulls in ``email``);
+nothing else, not even ``typing`` (``bench/roundtrip.py`` prints its cost beside a bare interpreter).
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: importing typing costs more than the rest of the hook
+    from typing import Any, Dict, List, Optional
 
 ASK_TOOL = "AskUserQuestion"
 DEFAULT_WINDOW_SEC = 120.0
@@ -105,25 +114,24 @@ class Daemon:
         self.secret = str(info["secret"])
 
     def post(self, route: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-        import http.client  # only once there is a daemon to talk to
+        """POST /v1/<route> to the daemon and return its JSON object (HTTP/1.1, one connection each)."""
+        import socket  # only once there is a daemon to talk to
 
         payload = json.dumps(body).encode("utf-8")
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=max(timeout, 0.05))
+        head = (
+            f"POST /v1/{route} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nX-AI1NET-Secret: {self.secret}\r\nConnection: close\r\n\r\n"
+        )
+        deadline = time.monotonic() + max(timeout, 0.05)
         try:
-            connection.request(
-                "POST",
-                f"/v1/{route}",
-                body=payload,
-                headers={"Content-Type": "application/json", "X-AI1NET-Secret": self.secret},
-            )
-            response = connection.getresponse()
-            data = response.read()
-        except OSError as exc:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=max(timeout, 0.05)) as connection:
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                connection.sendall(head.encode("latin-1") + payload)
+                status, data = _read_response(connection, deadline)
+        except (OSError, ValueError) as exc:
             raise DaemonDown(str(exc)) from exc
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise DaemonDown(f"daemon answered {response.status}")
+        if status != 200:
+            raise DaemonDown(f"daemon answered {status}")
         result = json.loads(data)
         if not isinstance(result, dict):
             raise DaemonDown("daemon answered with a non-object")
@@ -144,6 +152,39 @@ class Daemon:
                     self.reload()
                 except (OSError, ValueError, KeyError, DaemonDown):
                     pass
+
+
+def _read_response(connection: Any, deadline: float) -> tuple:
+    """(status, body) of one HTTP/1.1 response with a Content-Length (what the local API sends)."""
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        buffer += _recv(connection, deadline)
+        if len(buffer) > 65536:
+            raise ValueError("response head too large")
+    head, _, body = buffer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = None
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    if length is None:
+        raise ValueError("response without Content-Length")
+    while len(body) < length:
+        body += _recv(connection, deadline)
+    return status, body[:length]
+
+
+def _recv(connection: Any, deadline: float) -> bytes:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("the daemon did not answer in time")
+    connection.settimeout(remaining)
+    chunk = connection.recv(65536)
+    if not chunk:
+        raise ConnectionError("the daemon closed the connection")
+    return chunk
 
 
 def _alive(pid: int) -> bool:
@@ -290,3 +331,50 @@ def run(
     except BaseException:  # noqa: BLE001, S110 - fail open: whatever happens, the desktop carries on as usual
         pass
     return 0
+
+
+def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
+    """``[--home H] [-v] hook [--window W] [--answer-style allow|deny] [--home H]`` -> options, or None
+    for anything else (the full command line then handles it, with its usage errors)."""
+    options: Dict[str, Any] = {"home": "~/.config/ai1net", "window": DEFAULT_WINDOW_SEC, "style": "allow"}
+    seen_hook = False
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        name, eq, inline = arg.partition("=")
+        if arg in ("-v", "--verbose") and not seen_hook:
+            continue
+        if arg == "hook" and not seen_hook:
+            seen_hook = True
+            continue
+        if name in ("--home", "--window", "--answer-style") and (seen_hook or name == "--home"):
+            if not eq:
+                if not args:
+                    return None
+                inline = args.pop(0)
+            if name == "--home":
+                options["home"] = inline
+            elif name == "--window":
+                try:
+                    options["window"] = float(inline)
+                except ValueError:
+                    return None
+            elif inline in ("allow", "deny"):
+                options["style"] = inline
+            else:
+                return None
+            continue
+        return None
+    return options if seen_hook else None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -S clients/bridge/hook.py --home H hook …`` (or via ``clients.bridge.__main__``)."""
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    if options is None:
+        return 0  # not a hook command line: fail open all the same
+    return run(os.path.expanduser(options["home"]), window=options["window"], style=options["style"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -168,3 +168,37 @@ def test_run_fails_open_on_any_error(tmp_path, monkeypatch):
         out = io.StringIO()
         assert hook.run(str(tmp_path), stdin=io.BytesIO(raw), stdout=out) == 0
         assert out.getvalue() == ""
+
+
+# --- the hook's own command line and start-up (it runs once per hook event) ------------------------
+def test_hook_command_line_is_parsed_without_argparse():
+    assert hook.parse_args(["--home", "/h", "hook", "--window", "90", "--answer-style", "deny"]) == {
+        "home": "/h", "window": 90.0, "style": "deny"}
+    assert hook.parse_args(["hook", "--home=/x", "--window=5"]) == {"home": "/x", "window": 5.0, "style": "allow"}
+    assert hook.parse_args(["-v", "--home", "/h", "hook"])["home"] == "/h"
+    for argv in (["run"], ["--home", "/h"], ["hook", "--window", "soon"], ["hook", "--answer-style", "maybe"],
+                 ["hook", "--bogus"], ["hooks", "install"], ["hook", "--window"]):
+        assert hook.parse_args(argv) is None, argv
+
+
+def test_the_hook_entry_imports_only_cheap_stdlib_modules(tmp_path):
+    """What `hooks install` writes (`python -S -m clients.bridge … hook`) loads neither the command line,
+    the daemon, asyncio, sqlite3, websockets, http.client, logging nor typing."""
+    import subprocess
+    import sys
+
+    from tests.e2e_support import ROOT
+
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['ai1net-bridge', '--home', {str(tmp_path)!r}, 'hook']\n"
+            "try:\n    runpy.run_module('clients.bridge', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(' '.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, input=b'{"hook_event_name": "Stop"}',
+                          capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.decode().split())
+    assert "clients.bridge.hook" in loaded
+    heavy = {"argparse", "asyncio", "sqlite3", "websockets", "http.client", "email", "logging", "typing",
+             "clients.bridge.cli", "clients.bridge.daemon", "clients.common.tunnel", "ssl"}
+    assert not heavy & loaded, heavy & loaded
