@@ -1,18 +1,31 @@
 """Device web throughput: the same requests through the tunnel and straight to the local service.
 
-    .venv/bin/python bench/deviceweb.py [--runs 3] [--small 500]
+    .venv/bin/python bench/deviceweb.py                      # both configurations
+    .venv/bin/python bench/deviceweb.py --quick --json rows.json
+    .venv/bin/python bench/deviceweb.py --config embedded --runs 5 --small 1000
 
-Starts its own world in a temporary folder: a SQLite database (or DATABASE_URL / REDIS_URL when set:
-the scaled-out configuration), daphne, the local service of tests/deviceweb/upstream.py and a bridge
-that exposes it. Measures a 10 MB and a 100 MB download (MiB/s, median of --runs) and small requests
-(requests/s: one keep-alive client in a row, and 8 clients at once), each beside the same request
-straight to 127.0.0.1:<port> in the same run, and prints the ratio.
+Each configuration starts its own world in a temporary folder: daphne (bench.settings_bench: DEBUG off),
+the local service of tests/deviceweb/upstream.py and a bridge that exposes it.
+
+- ``embedded``: a SQLite file and the in-memory channel layer, one daphne.
+- ``pg+redis, 2 daphne``: a fresh PostgreSQL database on 127.0.0.1:5432 and the Redis channel layer,
+  two daphne processes. The bridge's tunnel lands on daphne A; a request to A is routed in-process
+  (the stream's frames never touch the channel layer), a request to B crosses to A through Redis.
+
+Measured beside the same request straight to 127.0.0.1:<port> in the same run (ratio = through / direct):
+a 100 MB download (MiB/s and the time to its first body byte, medians of --runs) and small requests
+(requests/s: one keep-alive client in a row, and 8 clients at once). ``--json FILE`` appends the rows of
+issue 10 (bench.report). ``--hold`` keeps the world up after measuring, for a profiler (py-spy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -20,13 +33,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from bench.report import Row, append  # noqa: E402
+from clients.common.credentials import Credential, save_credential  # noqa: E402
+
 PY = sys.executable
+VENV_BIN = Path(PY).parent
 MIB = 1024 * 1024
+PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+PASSWORD = "bench password 1234 horse"  # noqa: S105 - a throwaway local account
+EMBEDDED, SCALED = "embedded", "pg+redis, 2 daphne"
 
 
 def free_port(low: int = 0, high: int = 0) -> int:
@@ -43,130 +70,288 @@ def free_port(low: int = 0, high: int = 0) -> int:
     raise RuntimeError("no free port")
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if condition():
                 return
-        except Exception:  # noqa: S110 - not up yet
+        except Exception:  # noqa: S110, BLE001 - not up yet
             pass
         time.sleep(0.1)
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--small", type=int, default=500, help="small requests per measurement")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        run(Path(tmp), args)
+# --- the world --------------------------------------------------------------------------------
 
 
-def run(tmp: Path, args: argparse.Namespace) -> None:
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="ai1net.settings", AI1NET_DEBUG="1", PYTHONUNBUFFERED="1",
-               AI1NET_REDIS_PREFIX=f"bench{os.getpid()}")
-    env.setdefault("DATABASE_URL", f"sqlite:///{tmp / 'bench.sqlite3'}")
-    os.environ.update(env)
-    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    import psycopg
 
-    import django
+    name = f"bench_deviceweb_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgres://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    django.setup()
-    import httpx
 
-    from ai1net.accounts.models import User
-    from clients.common.credentials import Credential, save_credential
-    from devices import services
-    from devices.models import Device
+@contextlib.contextmanager
+def redis_prefix() -> Iterator[str]:
+    import redis
 
-    password = "bench password 1234 horse"  # noqa: S105 - a throwaway local account
-    user = User.objects.create_user(username=f"bench{os.getpid()}", password=password, device_web_enabled=True)
-    procs: list[subprocess.Popen] = []
+    prefix = f"benchdw{os.getpid()}{secrets.token_hex(3)}"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            keys = list(client.scan_iter(f"{prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
 
-    def start(argv: list[str], log: str, **extra: str) -> subprocess.Popen:
-        handle = open(tmp / log, "wb")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env, **extra), stdout=handle, stderr=subprocess.STDOUT)
-        procs.append(proc)
+
+@dataclass
+class World:
+    tmp: Path
+    env: dict[str, str]
+    servers: list[str] = field(default_factory=list)  # base URLs of the daphne processes; the tunnel is on [0]
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    device_id: str = ""
+    web_port: int = 0
+    username: str = ""
+
+    def start(self, argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        handle = open(self.tmp / log, "wb")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env or self.env, stdout=handle, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
         return proc
 
-    try:
+    def daphne(self, name: str) -> str:
         port = free_port()
-        profile = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE_DAPHNE"]] if os.environ.get(
-            "BENCH_PROFILE_DAPHNE") else []
-        start([PY, *profile, str(Path(PY).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
-               "ai1net.asgi:application"], "daphne.log")
-        server = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(f"{server}/healthz").status_code == 200, 30, "daphne")
-        web_port = free_port(20000, 20999)
-        start([PY, str(ROOT / "tests/deviceweb/upstream.py"), str(web_port)], "upstream.log")
-        local = f"http://127.0.0.1:{web_port}"
-        wait_for(lambda: httpx.get(f"{local}/small").status_code == 200, 30, "the local service")
-        device, token = services.device_create(owner=user, name="bench", kind=Device.Kind.BRIDGE)
-        home = tmp / "home"
-        save_credential(home, Credential(url=server, device_id=str(device.pk), token=token, kind="bridge",
-                                         name="bench"))
-        client_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-        handle = open(tmp / "bridge.log", "wb")  # noqa: SIM115
-        profile = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE_BRIDGE"]] if os.environ.get(
-            "BENCH_PROFILE_BRIDGE") else []
-        procs.append(subprocess.Popen([PY, *profile, "-m", "clients.bridge", "--home", str(home), "run", "--expose",
-                                       str(web_port)], cwd=ROOT, env=client_env, stdout=handle,
-                                      stderr=subprocess.STDOUT))
-        wait_for(lambda: Device.objects.get(pk=device.pk).is_online, 30, "the bridge")
+        self.start([str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
+                    "ai1net.asgi:application"], f"{name}.log")
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, 60, name)
+        self.servers.append(url)
+        return url
 
-        tunnel = httpx.Client(base_url=f"{server}/d/{device.pk}/{web_port}", timeout=120)
-        tunnel.get(f"{server}/accounts/login/")
-        tunnel.post(f"{server}/accounts/login/", data={"username": user.username, "password": password,
-                                                      "csrfmiddlewaretoken": tunnel.cookies["csrftoken"]})
-        direct = httpx.Client(base_url=local, timeout=120)
-        assert tunnel.get("/small").text == "ok", "login or tunnel failed"
-        layer = "Redis" if os.environ.get("REDIS_URL") else "in-memory"
-        print(f"device web benchmark: daphne + bridge on loopback, {layer} channel layer, "
-              f"median of {args.runs} runs; ratio = through the tunnel / straight to the local service")
-        print(f"{'measurement':34} {'tunnel':>12} {'direct':>12} {'ratio':>7}")
-
-        def download(client: httpx.Client, size: int) -> float:
-            started, got = time.perf_counter(), 0
-            with client.stream("GET", "/bytes", params={"n": size}) as response:
-                for chunk in response.iter_raw(1024 * 1024):
-                    got += len(chunk)
-            assert got == size, got
-            return size / MIB / (time.perf_counter() - started)
-
-        def small_serial(client: httpx.Client) -> float:
-            started = time.perf_counter()
-            for _ in range(args.small):
-                assert client.get("/small").status_code == 200
-            return args.small / (time.perf_counter() - started)
-
-        def small_parallel(client: httpx.Client) -> float:
-            started = time.perf_counter()
-            with ThreadPoolExecutor(8) as pool:
-                results = list(pool.map(lambda _: client.get("/small").status_code, range(args.small)))
-            assert set(results) == {200}
-            return args.small / (time.perf_counter() - started)
-
-        cases = [
-            ("download 10 MB (MiB/s)", lambda c: download(c, 10 * MIB)),
-            ("download 100 MB (MiB/s)", lambda c: download(c, 100 * MIB)),
-            ("small requests, 1 client (req/s)", small_serial),
-            ("small requests, 8 clients (req/s)", small_parallel),
-        ]
-        for name, fn in cases:
-            through = statistics.median(fn(tunnel) for _ in range(args.runs))
-            straight = statistics.median(fn(direct) for _ in range(args.runs))
-            print(f"{name:34} {through:12.1f} {straight:12.1f} {through / straight:7.3f}", flush=True)
-    finally:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGINT)  # the bridge stops cleanly (and writes its profile)
-        for proc in procs:
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.send_signal(signal.SIGINT)
+        for proc in self.procs:
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        user.delete()  # and its device: leave a shared DATABASE_URL as we found it
+
+    def pids(self) -> str:
+        return " ".join(f"{Path(p.args[1] if p.args[0] == PY else p.args[0]).name}={p.pid}" for p in self.procs)
+
+
+SETUP = """
+import json
+from ai1net.accounts.models import User
+from devices import services
+from devices.models import Device
+user = User.objects.create_user(username=USERNAME, password=PASSWORD, device_web_enabled=True)
+device, token = services.device_create(owner=user, name="bench", kind=Device.Kind.BRIDGE)
+print(json.dumps({"device_id": str(device.pk), "token": token}))
+"""
+
+
+def build(world: World, daphnes: int) -> None:
+    env = world.env
+    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    world.username = f"bench{os.getpid()}{secrets.token_hex(2)}"
+    script = SETUP.replace("USERNAME", repr(world.username)).replace("PASSWORD", repr(PASSWORD))
+    out = subprocess.run([PY, "manage.py", "shell", "-v", "0", "-c", script], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    made = json.loads(out.strip().splitlines()[-1])
+    for i in range(daphnes):
+        world.daphne(f"daphne-{'AB'[i]}")
+    world.web_port = free_port(20000, 20999)
+    world.start([PY, str(ROOT / "tests/deviceweb/upstream.py"), str(world.web_port)], "upstream.log")
+    wait_for(lambda: httpx.get(f"http://127.0.0.1:{world.web_port}/small").status_code == 200, 30, "the local service")
+    home = world.tmp / "home"
+    save_credential(home, Credential(url=world.servers[0], device_id=made["device_id"], token=made["token"],
+                                     kind="bridge", name="bench"))
+    world.device_id = made["device_id"]
+    client_env = {k: v for k, v in env.items()
+                  if not k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "AI1NET_REDIS"))}
+    world.start([PY, "-m", "clients.bridge", "--home", str(home), "run", "--expose", str(world.web_port)],
+                "bridge.log", env=client_env)
+
+
+def browser(world: World, server: str) -> httpx.Client:
+    client = httpx.Client(base_url=f"{server}/d/{world.device_id}/{world.web_port}", timeout=120)
+    client.get(f"{server}/accounts/login/")
+    response = client.post(f"{server}/accounts/login/", data={
+        "username": world.username, "password": PASSWORD, "csrfmiddlewaretoken": client.cookies["csrftoken"]})
+    assert response.status_code == 302, response.text[:300]
+    wait_for(lambda: client.get("/small").text == "ok", 30, f"the bridge through {server}")
+    return client
+
+
+# --- measurements -----------------------------------------------------------------------------
+
+
+def download(client: httpx.Client, size: int) -> tuple[float, float]:
+    """(MiB/s, ms to the first body byte) of one GET /bytes?n=size, read as it arrives."""
+    started, got, first = time.perf_counter(), 0, 0.0
+    with client.stream("GET", "/bytes", params={"n": size}) as response:
+        for chunk in response.iter_raw():
+            if not got:
+                first = time.perf_counter() - started
+            got += len(chunk)
+    assert got == size, got
+    return size / MIB / (time.perf_counter() - started), first * 1000
+
+
+def small_serial(client: httpx.Client, count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        assert client.get("/small").status_code == 200
+    return count / (time.perf_counter() - started)
+
+
+def small_parallel(client: httpx.Client, count: int) -> float:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: client.get("/small").status_code, range(count)))
+    assert set(results) == {200}, set(results)
+    return count / (time.perf_counter() - started)
+
+
+@dataclass
+class Figures:
+    mibs: float
+    first_ms: float
+    serial: float
+    parallel: float
+
+
+def measure(client: httpx.Client, args: argparse.Namespace) -> Figures:
+    size = args.mb * MIB
+    download(client, 8 * MIB)  # warm up both ends
+    runs = [download(client, size) for _ in range(args.runs)]
+    serial = statistics.median(small_serial(client, args.small // 2) for _ in range(max(1, args.runs // 2)))
+    parallel = statistics.median(small_parallel(client, args.small) for _ in range(args.runs))
+    return Figures(statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), serial, parallel)
+
+
+def print_pair(label: str, through: Figures, direct: Figures, mb: int) -> None:
+    def line(name: str, a: float, b: float, fmt: str = "12.1f") -> None:
+        print(f"  {name:34} {a:{fmt}} {b:{fmt}} {a / b:7.3f}", flush=True)
+
+    print(f"{label}")
+    print(f"  {'measurement':34} {'tunnel':>12} {'direct':>12} {'ratio':>7}")
+    line(f"download {mb} MB (MiB/s)", through.mibs, direct.mibs)
+    line("  first byte (ms, p50)", through.first_ms, direct.first_ms, "12.2f")
+    line("small requests, 1 client (req/s)", through.serial, direct.serial)
+    line("small requests, 8 clients (req/s)", through.parallel, direct.parallel)
+
+
+def rows_for(config: str, through: Figures, direct: Figures, mb: int, note: str = "") -> list[Row]:
+    down = through.mibs / direct.mibs
+    first = through.first_ms / direct.first_ms if direct.first_ms else 0.0
+    small = through.parallel / direct.parallel
+    extra = [note] if note else []
+    return [
+        Row(f"device web {mb} MB download vs direct", config, f"{through.mibs:.1f} MiB/s",
+            f"direct {direct.mibs:.1f} MiB/s", down, down, ">= 0.5", "x direct",
+            [f"first byte {through.first_ms:.2f} ms through vs {direct.first_ms:.2f} ms direct ({first:.2f}x)",
+             *extra]),
+        Row("device web first byte vs direct", config, f"{through.first_ms:.2f} ms p50",
+            f"direct {direct.first_ms:.2f} ms p50", first, first, "<= 3", "x direct", extra),
+        Row("device web small requests, 8 clients vs direct", config, f"{through.parallel:.0f} req/s",
+            f"direct {direct.parallel:.0f} req/s", small, small, ">= 0.4", "x direct",
+            [f"1 client in a row: {through.serial:.0f} vs {direct.serial:.0f} req/s "
+             f"({through.serial / direct.serial:.2f}x)", *extra]),
+    ]
+
+
+def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> list[Row]:
+    tmp = Path(tempfile.mkdtemp(prefix="ai1net-deviceweb-"))
+    world = World(tmp, {})
+    rows: list[Row] = []
+    with contextlib.ExitStack() as stack:
+        if config == EMBEDDED:
+            world.env = dict(base, DATABASE_URL=f"sqlite:///{tmp / 'bench.sqlite3'}")
+            daphnes = 1
+        else:
+            url = stack.enter_context(postgres_database())
+            prefix = stack.enter_context(redis_prefix())
+            world.env = dict(base, DATABASE_URL=url, REDIS_URL=REDIS_URL, AI1NET_REDIS_PREFIX=prefix)
+            daphnes = 2
+        try:
+            build(world, daphnes)
+            direct = httpx.Client(base_url=f"http://127.0.0.1:{world.web_port}", timeout=120)
+            tunnel = browser(world, world.servers[0])
+            layer = "Redis" if daphnes == 2 else "in-memory"
+            print(f"\n== {config}: {layer} channel layer, {daphnes} daphne; median of {args.runs} runs; "
+                  f"ratio = through the tunnel / straight to the local service", flush=True)
+            through = measure(tunnel, args)
+            straight = measure(direct, args)
+            if daphnes == 1:
+                print_pair(f"{config}", through, straight, args.mb)
+                rows = rows_for(config, through, straight, args.mb)
+            else:
+                print_pair(f"{config}: request on daphne A, which holds the tunnel (in-process route)",
+                           through, straight, args.mb)
+                other = browser(world, world.servers[1])
+                cross = measure(other, args)
+                print_pair(f"{config}: request on daphne B, the tunnel on A (cross-process, Redis layer)",
+                           cross, straight, args.mb)
+                rows = rows_for(config, through, straight, args.mb, "request on the daphne holding the tunnel")
+                rows += rows_for(f"{config} (cross-process)", cross, straight, args.mb,
+                                 "request on the other daphne: frames cross through Redis")
+            if args.hold:
+                print(f"holding ({world.pids()}); tunnel {tunnel.base_url}; Ctrl-C to end", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    while True:
+                        time.sleep(3600)
+        finally:
+            world.stop()
+            if not args.keep_logs:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                print(f"logs: {tmp}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=["embedded", "pg+redis", "both"], default="both")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and requests (about 50 s for both)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, quick 3)")
+    parser.add_argument("--small", type=int, default=None, help="small requests per run (default 1000, quick 300)")
+    parser.add_argument("--mb", type=int, default=100, help="size of the large download in MB")
+    parser.add_argument("--json", default=None, help="append the rows to this JSON file (bench.report)")
+    parser.add_argument("--hold", action="store_true", help="keep each world up after measuring (profiling)")
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args()
+    args.runs = args.runs or (3 if args.quick else 5)
+    args.small = args.small or (300 if args.quick else 1000)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
+    base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
+                 "PYTHONUNBUFFERED": "1"})
+    configs = [EMBEDDED, SCALED] if args.config == "both" else [EMBEDDED if args.config == "embedded" else SCALED]
+    started = time.monotonic()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; device web through the tunnel vs direct")
+    rows: list[Row] = []
+    for config in configs:
+        rows += run_config(config, base, args)
+    append(args.json, rows)
+    print(f"\n{len(rows)} rows in {time.monotonic() - started:.0f} s")
+    for row in rows:
+        print(f"  {row.path} [{row.config}]: {row.value:.3f} {row.unit} (target {row.target}: "
+              f"{'met' if row.met else 'NOT met'}){'; ' + '; '.join(row.notes) if row.notes else ''}")
 
 
 if __name__ == "__main__":
