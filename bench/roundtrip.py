@@ -1,32 +1,40 @@
 #!/usr/bin/env python
-"""Mobile reply round trip, beside a bare Channels echo measured in the same run (issue 4).
+"""Mobile reply round trip, beside a bare Channels echo measured in the same run (issues 4 and 10).
 
-    .venv/bin/python bench/roundtrip.py                                # both configurations, 500 questions
-    .venv/bin/python bench/roundtrip.py --questions 100 --config embedded
+    .venv/bin/python bench/roundtrip.py --quick                        # both configurations, ~1 minute
+    .venv/bin/python bench/roundtrip.py                                # both configurations, 300 questions
+    .venv/bin/python bench/roundtrip.py --questions 100 --config embedded --json rows.json
 
 Configurations (each sets up its own database and starts its own processes):
-- embedded: a temp SQLite file (manage.py migrate) + the in-memory channel layer;
-- scaled:   PostgreSQL (a fresh database on postgres@127.0.0.1:5432, dropped at the end) + Redis
-            (redis://127.0.0.1:6379/0, a unique AI1NET_REDIS_PREFIX, its keys deleted at the end).
+- embedded: a temp SQLite file (migrated) + the in-memory channel layer, one daphne;
+- scaled ("pg+redis, 2 daphne"): PostgreSQL (a fresh database on postgres@127.0.0.1:5432, dropped at the
+  end) + Redis (redis://127.0.0.1:6379/0, a unique AI1NET_REDIS_PREFIX, its keys deleted at the end) and
+  TWO daphne processes: the bridge's tunnel is connected to the first, the phone (its HTTP requests and
+  its ``/ws/mobile`` socket) to the second, so every doorbell crosses Redis between processes.
 
-In each: one daphne (access log off) serving ``bench.bench_asgi:application`` (ai1net plus the bare
-``/ws/echo`` consumer, same settings and channel layer), a user with mobile reply on logged in as the
-phone (session cookie; ``/ws/mobile`` opened with a matching Origin), a bridge paired through the
-JSON API and its daemon running. Then, one question at a time, in one agent session:
+Each daphne (access log off) serves ``bench.roundtrip_asgi:application``: ai1net plus the bare
+``/ws/echo`` consumer, with a ``Server-Timing`` header on HTTP responses (the time daphne's process spent
+on the request, from the ASGI call to the response start: middleware, session, view, service, commit).
+A user with mobile reply on is logged in as the phone (session cookie; ``/ws/mobile`` opened with a
+matching Origin), a bridge is paired through the JSON API and its daemon runs. Then, one question at a
+time, in one agent session:
 
-- leg 1 (hook):  t0 = the hook subprocess is started (``python -m clients.bridge hook``, PreToolUse
-                 AskUserQuestion on stdin) -> t1 = the phone's socket receives ``mobile.question.created``;
-                 includes the interpreter start-up of the hook;
+- leg 1 (hook):  t0 = the hook process is started, with the command line ``hooks install`` writes
+                 (``python -S -m clients.bridge --home H hook --window 120 --answer-style allow``),
+                 PreToolUse AskUserQuestion on stdin -> t1 = the phone's socket receives
+                 ``mobile.question.created``; includes the interpreter start-up of the hook;
 - leg 2 (hook):  the phone POSTs /api/mobile/answer (CSRF) -> t2 = the hook prints its JSON line;
-- leg 1 (local): the same question asked through the daemon's loopback API (POST /v1/pre-tool-use with
-                 the secret from <home>/local.json) -> the phone's socket receives it (no interpreter);
+- leg 1 (local): the same question asked through the daemon's loopback API (the hook's own client,
+                 minus the interpreter) -> the phone's socket receives it;
 - leg 2 (local): the phone POSTs the answer -> the pending POST /v1/questions/wait returns it.
+- server time of one answer POST: the ``Server-Timing`` of every answer POST above (median).
 
-Echo: the round trip of a 200-byte JSON text message on ``/ws/echo`` (direct send, the bare baseline;
-ratios are against it) and, for reference, on ``/ws/echo-layer`` (through a channel-layer group_send,
-the path the phone's doorbell takes). Figures are milliseconds; p99 over 500 samples is the 5th-worst.
-Run time: about 7 minutes for both configurations at 500 questions on 2 cores (printed as an estimate
-after the warm-up); use --questions to shorten it.
+Start-up: the hook with AI1NET_MOBILE_OFF=1 (spawn -> exit: reads stdin, imports its modules, asks
+nobody), sampled alternately with a bare interpreter (``python -S -c pass`` and ``python -c pass``).
+Echo: the round trip of a 200-byte JSON text message on ``/ws/echo`` of the phone's daphne (direct send,
+the bare baseline; ratios are against it) and, for reference, on ``/ws/echo-layer`` (through a channel-
+layer group_send, the path of the phone's doorbell). Figures are milliseconds. ``--json FILE`` appends
+the three rows of issue 10 per configuration (bench/report.py).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -55,7 +64,9 @@ VENV_BIN = Path(sys.executable).parent
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 
+from bench.report import Row, append  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
+from clients.bridge.hooks_install import hook_command  # noqa: E402
 
 PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 173})  # 200 bytes
 PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -63,6 +74,9 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 USERNAME, PASSWORD = "bench-phone", "bench correct horse battery staple"
 SESSION_ID = "bench-session"
 WARMUP = 5
+QUICK_QUESTIONS = 15
+CONFIG_LABEL = {"embedded": "embedded", "scaled": "pg+redis, 2 daphne"}
+TARGETS = {"leg1": 60.0, "leg2": 30.0, "post": 5.0}  # issue 10: p99, p99, median (ms)
 
 
 def free_port() -> int:
@@ -167,27 +181,35 @@ def redis_prefix():
 
 
 def prepare_database(env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    """Migrate and create the phone's user, in one Django start-up."""
     script = (
+        "import django\n"
+        "django.setup()\n"
+        "from django.core.management import call_command\n"
+        "call_command('migrate', interactive=False, verbosity=0)\n"
         "from django.contrib.auth import get_user_model\n"
         f"u = get_user_model().objects.create_user(username={USERNAME!r}, password={PASSWORD!r})\n"
         "u.mobile_reply_enabled = True\n"
         "u.save(update_fields=['mobile_reply_enabled'])\n"
     )
-    subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", script], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True)
 
 
 # --- the world: daphne, phone, bridge ---------------------------------------------------------
 
 class World:
-    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+    """``servers`` daphne processes: the bridge's tunnel on the first, the phone on the last."""
+
+    def __init__(self, env: dict[str, str], workdir: Path, servers: int = 1) -> None:
         self.env = env
         self.workdir = workdir
         self.home = workdir / "bridge-home"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.ports = [free_port() for _ in range(servers)]
+        self.bridge_url = f"http://127.0.0.1:{self.ports[0]}"
+        self.url = f"http://127.0.0.1:{self.ports[-1]}"  # the phone's daphne
+        self.ws_url = f"ws://127.0.0.1:{self.ports[-1]}"
         self.procs: list[Proc] = []
+        self.server_ms: list[float] = []
         self.phone: httpx.AsyncClient | None = None
         self.daemon: Daemon | None = None
         self.answer_ms: list[float] = []
@@ -196,15 +218,21 @@ class World:
         self.arrivals: dict[str, asyncio.Future] = {}
 
     async def start(self) -> None:
-        daphne = Proc([str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
-                       "bench.bench_asgi:application"], self.workdir / "daphne.log", self.env)
-        self.procs.append(daphne)
+        servers = []
+        for n, port in enumerate(self.ports):
+            daphne = Proc([str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
+                           "bench.roundtrip_asgi:application"], self.workdir / f"daphne{n}.log", self.env)
+            self.procs.append(daphne)
+            servers.append((daphne, port))
 
         def healthy() -> bool:
-            if not daphne.alive:
-                raise SystemExit(f"daphne exited:\n{daphne.log()[-3000:]}")
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:  # noqa: S310 - loopback
-                return response.status == 200
+            for daphne, port in servers:
+                if not daphne.alive:
+                    raise SystemExit(f"daphne exited:\n{daphne.log()[-3000:]}")
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:  # noqa: S310
+                    if response.status != 200:
+                        return False
+            return True
 
         await wait_for(healthy, 60, "daphne")
         self.phone = httpx.AsyncClient(base_url=self.url, timeout=30)
@@ -233,7 +261,7 @@ class World:
         self.reader = asyncio.create_task(self._read())
 
     async def pair(self) -> None:
-        pairing = Proc([sys.executable, "-m", "clients.bridge", "--home", str(self.home), "pair", self.url,
+        pairing = Proc([sys.executable, "-m", "clients.bridge", "--home", str(self.home), "pair", self.bridge_url,
                         "--name", "bench-desk"], self.workdir / "pair.log", client_env())
         self.procs.append(pairing)
         match = await wait_for(lambda: re.search(r"code: ([A-Z0-9]{4}-[A-Z0-9]{4})", pairing.log()), 30,
@@ -268,6 +296,9 @@ class World:
         start = time.perf_counter()
         response = await self.phone.post("/api/mobile/answer", json=body, headers=self.csrf)
         self.answer_ms.append(ms(start, time.perf_counter()))
+        timing = response.headers.get("server-timing", "")
+        if timing.startswith("app;dur="):
+            self.server_ms.append(float(timing.split("=", 1)[1]))
         if response.status_code != 200:
             raise RuntimeError(f"answer refused: {response.status_code} {response.text[:300]}")
 
@@ -306,27 +337,45 @@ async def echo_rtt(url: str, samples: int) -> list[float]:
         return times
 
 
+def hook_argv(world: World) -> tuple[list[str], dict[str, str]]:
+    """The command ``hooks install`` writes into settings.json (from this checkout), as argv + env."""
+    words = shlex.split(hook_command(home=world.home, window=120, style="allow"))
+    env = client_env()
+    while words and "=" in words[0] and not words[0].startswith(("/", "-")):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return words, env
+
+
 async def hook_run(world: World, event: dict) -> tuple[asyncio.subprocess.Process, float]:
+    argv, env = hook_argv(world)
     t0 = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "clients.bridge", "--home", str(world.home), "hook", cwd=ROOT, env=client_env(),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        *argv, cwd=ROOT, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
     proc.stdin.write(json.dumps(event).encode())
     proc.stdin.close()
     return proc, t0
 
 
-async def hook_noop(world: World, samples: int) -> list[float]:
-    """The hook's own start-up: spawn -> exit, with AI1NET_MOBILE_OFF=1 (reads stdin, asks nobody)."""
-    env = dict(client_env(), AI1NET_MOBILE_OFF="1")
-    times = []
+async def startup_costs(world: World, samples: int) -> dict[str, list[float]]:
+    """Spawn -> exit of the hook with AI1NET_MOBILE_OFF=1 (reads stdin, loads its modules, asks nobody),
+    sampled alternately with bare interpreters, so all three see the same machine."""
+    argv, env = hook_argv(world)
+    commands = {
+        "hook": (argv, dict(env, AI1NET_MOBILE_OFF="1")),
+        "bare -S": ([sys.executable, "-S", "-c", "pass"], env),
+        "bare": ([sys.executable, "-c", "pass"], env),
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for n in range(samples):
-        t0 = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.bridge", "--home", str(world.home), "hook", cwd=ROOT, env=env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
-        await proc.communicate(json.dumps(ask_event("noop", n)).encode())
-        times.append(ms(t0, time.perf_counter()))
+        for name, (command, command_env) in commands.items():
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(*command, cwd=ROOT, env=command_env,
+                                                        stdin=asyncio.subprocess.PIPE,
+                                                        stdout=asyncio.subprocess.DEVNULL)
+            await proc.communicate(json.dumps(ask_event("noop", n)).encode())
+            times[name].append(ms(t0, time.perf_counter()))
     return times
 
 
@@ -372,29 +421,33 @@ async def one_local_question(world: World, n: int) -> tuple[float, float]:
     return ms(t0, t1), ms(start, t2)
 
 
-async def run_config(name: str, label: str, env: dict[str, str], args, workdir: Path) -> list[tuple]:
-    print(f"\n== {name}: {label} ==  (logs: {workdir})", flush=True)
+async def run_config(name: str, label: str, env: dict[str, str], args, workdir: Path) -> list[Row]:
+    servers = 2 if name == "scaled" else 1
+    print(f"\n== {CONFIG_LABEL[name]}: {label} ==  (logs: {workdir})", flush=True)
     load_before = os.getloadavg()[0]
     prepare_database(env)
-    world = World(env, workdir)
+    world = World(env, workdir, servers=servers)
+    echo_samples = 100 if args.quick else max(200, args.questions)
     try:
         await world.start()
-        echo = await echo_rtt(f"{world.ws_url}/ws/echo", args.questions)
-        echo_layer = await echo_rtt(f"{world.ws_url}/ws/echo-layer", args.questions)
+        echo = await echo_rtt(f"{world.ws_url}/ws/echo", echo_samples)
+        echo_layer = await echo_rtt(f"{world.ws_url}/ws/echo-layer", echo_samples)
         start = {"session_id": SESSION_ID, "transcript_path": "/tmp/bench.jsonl", "cwd": "/tmp/bench",
                  "hook_event_name": "SessionStart", "source": "startup"}
         proc, _ = await hook_run(world, start)
         await proc.communicate()
-        noop = await hook_noop(world, min(args.questions, 100))
+        startup = await startup_costs(world, 15 if args.quick else 50)
+        warmup = 3 if args.quick else WARMUP
         began = time.perf_counter()
-        for n in range(WARMUP):
+        for n in range(warmup):
             await one_hook_question(world, -1 - n)
             await one_local_question(world, -1 - n)
-        each = (time.perf_counter() - began) / WARMUP
+        each = (time.perf_counter() - began) / warmup
         print(f"  ~{each * 1000:.0f} ms per question pair; {args.questions} pairs ~{each * args.questions:.0f} s",
               flush=True)
         hook1, hook2, local1, local2 = [], [], [], []
         world.answer_ms.clear()
+        world.server_ms.clear()
         for n in range(args.questions):  # interleaved, so both see the same conditions
             a, b = await one_hook_question(world, n)
             hook1.append(a)
@@ -402,19 +455,22 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
             a, b = await one_local_question(world, n)
             local1.append(a)
             local2.append(b)
-        echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", args.questions)
+        echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", echo_samples)
     finally:
         await world.stop()
     echo_all = echo + echo_after
     rows = [
         ("echo: bare Channels WS round trip, 200 B", echo_all),
         ("echo via layer group_send (reference)", echo_layer),
-        ("hook no-op: spawn -> exit (MOBILE_OFF=1)", noop),
+        ("bare interpreter: python -c pass", startup["bare"]),
+        ("bare interpreter: python -S -c pass", startup["bare -S"]),
+        ("hook start-up: spawn -> exit (MOBILE_OFF=1)", startup["hook"]),
         ("leg 1 hook: hook start -> phone WS", hook1),
         ("leg 1 local: POST /v1/pre-tool-use -> WS", local1),
         ("leg 2 hook: phone POST answer -> stdout", hook2),
         ("leg 2 local: phone POST -> /v1 wait returns", local2),
         ("  of which phone POST /api/mobile/answer", world.answer_ms),
+        ("  of which server time (Server-Timing)", world.server_ms),
         ("hook total: leg 1 + leg 2", [a + b for a, b in zip(hook1, hook2, strict=True)]),
         ("local total: leg 1 + leg 2", [a + b for a, b in zip(local1, local2, strict=True)]),
     ]
@@ -426,38 +482,84 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
     print(f"  (echo before the questions p50/p99 {pct(echo, .5):.2f}/{pct(echo, .99):.2f}, "
           f"after {pct(echo_after, .5):.2f}/{pct(echo_after, .99):.2f}; "
           f"1-min load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end)", flush=True)
-    return rows
+    return report_rows(CONFIG_LABEL[name], echo_all, startup, hook1, hook2, local1, local2, world)
+
+
+def report_rows(config: str, echo: list[float], startup: dict[str, list[float]], hook1: list[float],
+                hook2: list[float], local1: list[float], local2: list[float], world: World) -> list[Row]:
+    """The three rows of issue 10 (bench/report.py), each beside the bare echo of the same run."""
+    e50, e99 = pct(echo, 0.5), pct(echo, 0.99)
+    baseline = f"echo p50 {e50:.2f} / p99 {e99:.2f} ms"
+
+    def figure(values: list[float]) -> str:
+        return f"p50 {pct(values, 0.5):.1f} / p99 {pct(values, 0.99):.1f} ms (n={len(values)})"
+
+    hook_start, bare_s, bare = (pct(startup[k], 0.5) for k in ("hook", "bare -S", "bare"))
+    leg1 = Row(
+        path="hook starts -> phone shows question", config=config, measured=figure(hook1), baseline=baseline,
+        ratio=round(pct(hook1, 0.99) / e99, 1), value=round(pct(hook1, 0.99), 1), target=f"<= {TARGETS['leg1']:g}",
+        unit="ms p99",
+        notes=[f"hook start-up (spawn -> exit, mobile reply off) p50 {hook_start:.1f} ms beside a bare "
+               f"`python -S -c pass` {bare_s:.1f} ms and `python -c pass` {bare:.1f} ms (same run, alternating)",
+               f"without the interpreter (the daemon's loopback API -> phone WS): {figure(local1)}"])
+    leg2 = Row(
+        path="phone POSTs answer -> hook prints", config=config, measured=figure(hook2), baseline=baseline,
+        ratio=round(pct(hook2, 0.99) / e99, 1), value=round(pct(hook2, 0.99), 1), target=f"<= {TARGETS['leg2']:g}",
+        unit="ms p99",
+        notes=[f"the POST's own client-side time {figure(world.answer_ms)}; "
+               f"to the daemon's waiting loopback request: {figure(local2)}"])
+    server = world.server_ms or [float("nan")]
+    post = Row(
+        path="server time of one answer POST", config=config,
+        measured=f"median {pct(server, 0.5):.2f} / p99 {pct(server, 0.99):.2f} ms (n={len(server)})",
+        baseline=baseline, ratio=round(pct(server, 0.5) / e50, 1), value=round(pct(server, 0.5), 2),
+        target=f"<= {TARGETS['post']:g}", unit="ms median",
+        notes=["Server-Timing: daphne's ASGI call -> response start (middleware, session, view, service, "
+               "commit), bench/roundtrip_asgi.py"])
+    return [leg1, leg2, post]
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", type=int, default=500, help="questions per leg and configuration")
+    parser.add_argument("--questions", type=int, default=None,
+                        help=f"questions per leg and configuration (default 300, {QUICK_QUESTIONS} with --quick)")
+    parser.add_argument("--quick", action="store_true", help="few samples: about a minute for both configurations")
     parser.add_argument("--config", choices=["embedded", "scaled", "both"], default="both")
+    parser.add_argument("--json", help="append the rows of issue 10 to this file (bench/report.py)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder with the processes' logs")
     args = parser.parse_args()
+    if args.questions is None:
+        args.questions = QUICK_QUESTIONS if args.quick else 300
     if args.questions < 1:
         parser.error("--questions must be at least 1")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1", "AI1NET_PAIRING_INTERVAL_SEC": "1", "AI1NET_MOBILE_REPLY": "1"})
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.questions} questions per leg "
-          f"(+{WARMUP} warm-up), hook and local-API questions interleaved, one at a time")
+          f"(+{3 if args.quick else WARMUP} warm-up), hook and local-API questions interleaved, one at a time")
     configs = ["embedded", "scaled"] if args.config == "both" else [args.config]
+    rows: list[Row] = []
     for config in configs:
         workdir = Path(tempfile.mkdtemp(prefix=f"ai1net-roundtrip-{config}-"))
         ok = False
         try:
             if config == "embedded":
                 env = dict(base, DATABASE_URL=f"sqlite:///{workdir / 'bench.sqlite3'}")
-                await run_config(config, "SQLite (temp file) + in-memory channel layer", env, args, workdir)
+                rows += await run_config(config, "SQLite (temp file) + in-memory channel layer", env, args, workdir)
             else:
                 with postgres_database() as url, redis_prefix() as prefix:
                     env = dict(base, DATABASE_URL=url, REDIS_URL=REDIS_URL, AI1NET_REDIS_PREFIX=prefix)
-                    await run_config(config, "PostgreSQL 127.0.0.1:5432 + Redis channel layer", env, args, workdir)
+                    rows += await run_config(config, "PostgreSQL 127.0.0.1:5432 + Redis channel layer", env, args,
+                                             workdir)
             ok = True
         finally:
             if ok and not args.keep_logs:
                 shutil.rmtree(workdir, ignore_errors=True)
+    append(args.json, rows)
+    print()
+    for row in rows:
+        print(f"  {row.path} [{row.config}]: {row.measured}; {row.baseline}; target {row.target} {row.unit}: "
+              f"{'met' if row.met else 'NOT met'}")
 
 
 if __name__ == "__main__":
