@@ -137,22 +137,21 @@ def test_grep_over_20000_files(readonly, world):
 
 
 @needs_rg
-def test_a_directory_swapped_while_rg_runs_shows_no_hits(readonly, world, monkeypatch):
-    from clients.probe import ops
+def test_a_directory_swapped_just_before_rg_starts_shows_no_hits(readonly, world, monkeypatch):
+    from clients.probe.ops import search
 
     root = world["root"]
     (root / "data").mkdir()
     (root / "data" / "in.txt").write_text("needle inside\n")
     (world["outside"] / "out.txt").write_text("needle outside\n")
-    real_place = ops._place
+    real_popen = search.subprocess.Popen
 
-    def place_then_swap(conf, directory):
-        answer = real_place(conf, directory)
+    def swap_then_start(*args, **kwargs):
         os.rename(root / "data", world["tmp"] / "data-moved")
         os.symlink(world["outside"], root / "data")
-        return answer
+        return real_popen(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "_place", place_then_swap)
+    monkeypatch.setattr(search.subprocess, "Popen", swap_then_start)
     with pytest.raises(ProbeError) as info:
         readonly.call("grep", {"pattern": "needle", "path": "data", "engine": "rg"})
-    assert info.value.code == "outside_allowed_roots"
+    assert info.value.code == "outside_allowed_roots" and "needle" not in info.value.detail

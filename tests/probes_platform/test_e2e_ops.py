@@ -90,8 +90,10 @@ def test_every_read_operation(world):
     hits = run(world, "grep", {"pattern": "TODO", "path": str(root)})["result"]["matches"]
     assert [(Path(h["path"]).name, h["line"]) for h in hits] == [("README.md", 2)]
 
-    stat = run(world, "stat", {"path": str(root / "link-file")})["result"]
-    assert stat["is_symlink"] is True and stat.get("outside") is True
+    # A link that leaves the roots is listed as {outside: true} and nothing more; addressed, it is refused.
+    assert paths["link-file"] == {"path": "link-file", "type": "symlink", "outside": True}
+    stat = run(world, "stat", {"path": str(root / "link-file")})
+    assert stat["state"] == "failed" and stat["error"]["code"] == "outside_allowed_roots", stat
 
     diff = run(world, "git_diff", {"path": str(root)})["result"]["diff"]
     assert "+more" in diff
