@@ -2,23 +2,36 @@
 
 - ``/ws/echo``: a bare Channels echo consumer (direct send), the baseline;
 - ``/ws/echo-layer``: the same echo through a channel-layer group_send (the doorbell's path);
+- ``/ws/echo-layer?listen=0``: a sender only (does not join its group): with ``?group=NAME`` on both
+  sockets, a message sent on one daphne reaches a socket on another through the layer (one way);
 - the device method ``bench.enqueue {n}``: writes n outbox items for the calling device in one
-  transaction (one doorbell), so the benchmark can drive the real outbox path inside daphne.
+  transaction (one doorbell), so the benchmark can drive the real outbox path inside daphne;
+- ``/ws/bench-outbox``: each text frame is a device id; ``services.outbox_enqueue`` writes one item for
+  it in a worker thread, as a service called from a view or a consumer would (the outbox's producer);
+- ``/ws/bench-acks``: the first text frame is a device id; from then on, each time this process has
+  recorded an ack of that device (``services.outbox_ack`` returned: committed), the socket gets
+  ``{"acked": seq}``. Together: enqueue (durable) -> deliver -> ack -> ack recorded (durable).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import uuid
+from typing import Any
+from urllib.parse import parse_qs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
+from channels.db import database_sync_to_async  # noqa: E402
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from ai1net.asgi import application as ai1net_application  # noqa: E402
 from devices import services  # noqa: E402
+from devices.models import Device  # noqa: E402
 from devices.rpc import device_method  # noqa: E402
 
 
@@ -29,12 +42,16 @@ class EchoConsumer(AsyncWebsocketConsumer):
 
 class LayerEchoConsumer(AsyncWebsocketConsumer):
     async def connect(self):
-        self.group = f"echo.{uuid.uuid4().hex}"
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.group = query.get("group", [f"echo.{uuid.uuid4().hex}"])[0]
+        self.listen = query.get("listen", ["1"])[0] != "0"
+        if self.listen:
+            await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code):
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.listen:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None):
         await self.channel_layer.group_send(self.group, {"type": "echo.message", "text": text_data})
@@ -50,6 +67,44 @@ def bench_enqueue(device, params):
     return {"n": n}
 
 
+def _enqueue_one(device_id: str) -> None:
+    services.outbox_enqueue(device=Device(pk=device_id), kind="bench.item", payload={"pad": "x" * 120})
+
+
+class EnqueueConsumer(AsyncWebsocketConsumer):
+    async def receive(self, text_data=None, bytes_data=None):
+        await database_sync_to_async(_enqueue_one)(text_data)
+
+
+_ack_watchers: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
+
+
+class AckWatchConsumer(AsyncWebsocketConsumer):
+    device_id = ""
+
+    async def receive(self, text_data=None, bytes_data=None):
+        self.device_id = text_data
+        _ack_watchers[text_data] = (asyncio.get_running_loop(), self)
+        await self.send(text_data="ready")
+
+    async def disconnect(self, code):
+        _ack_watchers.pop(self.device_id, None)
+
+
+_outbox_ack = services.outbox_ack
+
+
+def _watched_outbox_ack(*, device_id: Any, seq: int) -> None:
+    _outbox_ack(device_id=device_id, seq=seq)
+    watcher = _ack_watchers.get(str(device_id))
+    if watcher is not None:
+        loop, consumer = watcher
+        frame = json.dumps({"acked": seq})
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(consumer.send(text_data=frame)))
+
+
+services.outbox_ack = _watched_outbox_ack  # the tunnel looks it up at call time
+
 application = ProtocolTypeRouter(
     {
         "http": ai1net_application,
@@ -57,6 +112,8 @@ application = ProtocolTypeRouter(
             [
                 path("ws/echo", EchoConsumer.as_asgi()),
                 path("ws/echo-layer", LayerEchoConsumer.as_asgi()),
+                path("ws/bench-outbox", EnqueueConsumer.as_asgi()),
+                path("ws/bench-acks", AckWatchConsumer.as_asgi()),
                 re_path(r"", ai1net_application),
             ]
         ),

@@ -1,17 +1,30 @@
 #!/usr/bin/env python
 """Benchmark of the device tunnel, each figure beside a bare Channels echo consumer in the same run.
 
-    .venv/bin/python bench/tunnel.py                          # embedded: SQLite + in-memory layer
-    .venv/bin/python bench/tunnel.py --tunnels 1000,5000,15000
-    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/tunnel.py --layers default,pubsub
+    .venv/bin/python bench/tunnel.py --quick                      # the two rows of issue 10, ~40 s
+    .venv/bin/python bench/tunnel.py                              # rows with more samples + details
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/tunnel.py --quick
+    .venv/bin/python bench/tunnel.py --idle 1000,5000,15000       # also idle sockets held (slow)
+    ... --json rows.json (append the rows, bench/report.py) --py-spy DIR (profile daphne per phase)
 
-Measures, per channel layer:
-- round trip p50/p99: echo (direct), echo through a layer group_send, and the tunnel's
-  enqueue -> deliver (device request ``bench.enqueue`` -> outbox row -> doorbell -> deliver frame),
-  plus a device -> platform request (``devices.ping``);
-- throughput to one device: outbox items/s (one transaction of --burst items, acked as they come)
-  against echo messages/s on one connection with the same window;
-- idle sockets held by one fresh daphne: RSS per tunnel (after hello) against per echo socket.
+Configurations: "embedded" (SQLite in a temp folder + the in-memory layer, one daphne) unless REDIS_URL
+is set; then "pg+redis, 2 daphne": a fresh PostgreSQL database (dropped at the end) and two daphne
+processes on the same Redis layer.
+
+Rows (bench/report.py):
+- deliver -> ack vs echo (p99 ratio). One sample: t0 the bench sends a device id on
+  ``/ws/bench-outbox`` -> a worker thread runs ``services.outbox_enqueue`` (one durable row,
+  committed) -> the ``deliver`` frame reaches the device -> the device sends ``ack`` -> the tunnel's
+  process has recorded it (``services.outbox_ack`` returned; ``/ws/bench-acks`` says so) = t1.
+  Baseline: the round trip of a 200-byte frame on the bare ``/ws/echo`` consumer, sampled
+  alternately with it. With 2 daphne: once with the enqueue on the tunnel's process, once on the
+  other one (the doorbell crosses Redis; its own baseline is a frame sent on one daphne and received
+  on the other through the layer, beside the direct echo).
+- tunnel connects/s vs echo: N sockets opened (50 handshakes in flight, all kept open), each ready
+  for work: the tunnel's hello answered; the echo's first frame answered. With 2 daphne, the sockets
+  alternate between the processes.
+Details (not with --quick): the older round trips (bench.enqueue request -> deliver, devices.ping),
+throughput to one device, and with --idle, the RSS per idle socket.
 It starts its own daphne processes on free loopback ports against a fresh database.
 """
 
@@ -19,9 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +53,7 @@ VENV_BIN = Path(sys.executable).parent
 
 import websockets  # noqa: E402
 
+from bench.report import Row, append  # noqa: E402
 from clients import protocol  # noqa: E402
 
 PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 160})  # ~200 bytes
@@ -260,7 +277,8 @@ async def hold_idle(server: Server, n: int, opener, heartbeat: float, rate: floa
 
 # --- setup ------------------------------------------------------------------------------------
 
-def prepare_database(env: dict[str, str], devices: int) -> list[str]:
+def prepare_database(env: dict[str, str], devices: int) -> list[tuple[str, str]]:
+    """Migrate and create ``devices`` bridges; returns their (device id, token)."""
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     script = f"""
 import json, secrets
@@ -269,13 +287,255 @@ from ai1net.accounts.services import hash_secret
 from devices.models import Device
 user, _ = User.objects.get_or_create(username="bench")
 tokens = ["ai1d_" + secrets.token_urlsafe(32) for _ in range({devices})]
-Device.objects.bulk_create([Device(owner=user, name=f"bench{{i}}", kind="bridge", token_hash=hash_secret(t))
-                            for i, t in enumerate(tokens)], batch_size=1000)
-print(json.dumps(tokens))
+made = Device.objects.bulk_create([Device(owner=user, name=f"bench{{i}}", kind="bridge", token_hash=hash_secret(t))
+                                   for i, t in enumerate(tokens)], batch_size=1000)
+print(json.dumps([[str(d.pk), t] for d, t in zip(made, tokens)]))
 """
     out = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, check=True,
                          capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
+
+
+@contextlib.contextmanager
+def postgres_database(url: str):
+    """A fresh database beside the one in DATABASE_URL (same server and credentials), dropped at the end."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    parts = urlsplit(url)
+    name = f"bench_tunnel_{os.getpid()}"
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(parts._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def settle(servers: list[Server], timeout: float = 30.0) -> None:
+    """Wait until the servers are idle again (closes written, sweeps done): under 5 % CPU for 0.5 s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = [cpu_seconds(s.proc.pid) for s in servers]
+        await asyncio.sleep(0.5)
+        if all(cpu_seconds(s.proc.pid) - b < 0.025 for s, b in zip(servers, before, strict=True)):
+            return
+
+
+class Profiler:
+    """py-spy on the daphne processes, one raw (collapsed stacks) file per phase, summarised after."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.dir = Path(directory) if directory else None
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self, phase: str, servers: list[Server]) -> None:
+        if self.dir is None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for n, server in enumerate(servers):
+            out = self.dir / f"{phase}-{n}.txt"
+            proc = subprocess.Popen([str(VENV_BIN / "py-spy"), "record", "--pid", str(server.proc.pid), "--rate", "250",
+                                     "--format", "raw", "--output", str(out), "--nonblocking"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.procs.append((proc, out))
+        time.sleep(1.0)  # py-spy attaches
+
+    def stop(self) -> None:
+        for proc, out in self.procs:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            if out.exists():
+                print(f"    profile {out.name}:")
+                for line in summarize_profile(out):
+                    print(f"      {line}")
+        self.procs = []
+
+
+def summarize_profile(path: Path, top: int = 14) -> list[str]:
+    """Self time per function and inclusive time of the busiest ai1net / channels / Django frames."""
+    own: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f for f in stack.split(";") if f]
+        if not frames or "(idle)" in frames[-1] or frames[-1].startswith("select (") or "epoll" in frames[-1] or \
+                frames[-1].startswith("wait (threading") or frames[-1].startswith("_worker (concurrent"):
+            continue  # waiting, not working
+        total += n
+        own[_short(frames[-1])] += n
+        for frame in {_short(f) for f in frames}:
+            if any(key in frame for key in ("devices/", "ai1net/", "bench/", "channels/", "django/db", "realtime")):
+                inclusive[frame] += n
+    if not total:
+        return ["(no busy samples)"]
+    lines = [f"busy samples {total}; self time:"]
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in own.most_common(top)]
+    lines.append("inclusive (project, channels, django.db):")
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inclusive.most_common(top)]
+    return lines
+
+
+def _short(frame: str) -> str:
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    for marker in ("site-packages/", "/work/main/", "python3.11/"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+    return f"{name} ({where.rsplit(':', 1)[0]})"
+
+
+# --- the rows ---------------------------------------------------------------------------------
+
+async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str], samples: int,
+                      echo_url: str, relay: tuple[str, str] | None = None) -> dict[str, list[float]]:
+    """Interleaved samples: deliver -> ack (see the module doc), echo round trip, and with ``relay``
+    (sender url, receiver url) a frame relayed through the layer from one daphne to the other."""
+    device_id, token = device
+    ws = await tunnel_open(tunnel_url, token)
+    acks = await websockets.connect(f"{tunnel_url}/ws/bench-acks", ping_interval=None)
+    driver = await websockets.connect(f"{driver_url}/ws/bench-outbox", ping_interval=None)
+    echo = await websockets.connect(f"{echo_url}/ws/echo", ping_interval=None)
+    group = f"relay.{uuid.uuid4().hex}"
+    relay_out = relay_in = None
+    if relay:
+        relay_out = await websockets.connect(f"{relay[0]}/ws/echo-layer?group={group}&listen=0", ping_interval=None)
+        relay_in = await websockets.connect(f"{relay[1]}/ws/echo-layer?group={group}", ping_interval=None)
+    out: dict[str, list[float]] = {"deliver": [], "ack": [], "echo": [], "relay": []}
+    try:
+        await acks.send(device_id)
+        assert await acks.recv() == "ready"
+        await drain_and_ack(ws, 0.5)
+        acked = 0
+        for k in range(samples + 20):
+            start = time.perf_counter()
+            await driver.send(device_id)
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                if message.get("method") == protocol.DELIVER:
+                    break
+            delivered = time.perf_counter()
+            seq = message["params"]["seq"]
+            await ws.send(protocol.notification(protocol.ACK, {"seq": seq}))
+            while acked < seq:
+                acked = json.loads(await asyncio.wait_for(acks.recv(), 30))["acked"]
+            done = time.perf_counter()
+            if message["params"]["kind"] != "bench.item":
+                continue  # something another app enqueued
+            start_echo = time.perf_counter()
+            await echo.send(PAYLOAD)
+            await echo.recv()
+            echo_done = time.perf_counter()
+            if relay_out is not None:
+                start_relay = time.perf_counter()
+                await relay_out.send(PAYLOAD)
+                await relay_in.recv()
+                relay_done = time.perf_counter()
+            if k < 20:
+                continue  # warm-up
+            out["deliver"].append((delivered - start) * 1000)
+            out["ack"].append((done - start) * 1000)
+            out["echo"].append((echo_done - start_echo) * 1000)
+            if relay_out is not None:
+                out["relay"].append((relay_done - start_relay) * 1000)
+    finally:
+        for sock in (ws, acks, driver, echo, relay_out, relay_in):
+            if sock is not None:
+                await sock.close()
+    return out
+
+
+async def connect_rate(urls: list[str], n: int, opener, concurrency: int = 50) -> float:
+    """Open n sockets (round robin over urls, ``concurrency`` in flight), keep them; returns sockets/s."""
+    gate = asyncio.Semaphore(concurrency)
+    sockets: list = []
+
+    async def one(i: int) -> None:
+        async with gate:
+            sockets.append(await opener(urls[i % len(urls)], i))
+
+    start = time.perf_counter()
+    try:
+        await asyncio.gather(*[one(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+    finally:
+        await asyncio.gather(*[ws.close() for ws in sockets], return_exceptions=True)
+
+
+async def echo_ready(url: str, i: int):
+    ws = await websockets.connect(f"{url}/ws/echo", ping_interval=None, open_timeout=60)
+    await ws.send(PAYLOAD)
+    await ws.recv()
+    return ws
+
+
+def ms(values: list[float]) -> str:
+    return f"p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms"
+
+
+async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, str]], args,
+                   profiler: Profiler) -> list[Row]:
+    rows: list[Row] = []
+    tunnel_server = servers[-1]
+    pairs = [("same process", tunnel_server, None)]
+    if len(servers) > 1:
+        pairs.append(("other process", servers[0], (servers[0].url, tunnel_server.url)))
+    for where, driver, relay in pairs:
+        profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
+        got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay)
+        profiler.stop()
+        ratio = pct(got["ack"], .99) / pct(got["echo"], .99)
+        notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}"]
+        path = "deliver -> ack vs echo"
+        if len(servers) > 1:
+            path += f" (enqueued on the {'tunnel' if relay is None else 'other'}'s daphne)".replace("tunnel's", "tunnel")
+        baseline = f"echo {ms(got['echo'])}"
+        if relay:
+            notes.append(f"a bare frame relayed from the other daphne through the layer: {ms(got['relay'])} "
+                         f"(deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['relay'], .99):.2f}x that)")
+        print(f"  {path}: {ms(got['ack'])}; {baseline}; p99 ratio {ratio:.2f}")
+        for note in notes:
+            print(f"    {note}")
+        rows.append(Row(path=path, config=config, measured=ms(got["ack"]), baseline=baseline, ratio=round(ratio, 2),
+                        value=round(ratio, 2), target="<= 3", unit="x echo p99", notes=notes))
+        await settle(servers)
+    urls = [s.url for s in servers]
+    echo_rates, tunnel_rates = [], []
+    for run in range(args.connect_runs):
+        profiler.start(f"connect-echo-{run}", servers)
+        echo_rates.append(await connect_rate(urls, args.connects, echo_ready))
+        profiler.stop()
+        await settle(servers)
+        profiler.start(f"connect-tunnel-{run}", servers)
+        tunnel_rates.append(await connect_rate(
+            urls, args.connects, lambda url, i: tunnel_open(url, devices[2 + i][1])))
+        profiler.stop()
+        await settle(servers)
+        print(f"  connects/s, run {run + 1}: echo {echo_rates[-1]:.0f}, tunnel {tunnel_rates[-1]:.0f}")
+    echo_rate, tunnel_rate = max(echo_rates), max(tunnel_rates)
+    ratio = tunnel_rate / echo_rate
+    notes = [f"{args.connects} sockets kept open, 50 handshakes in flight, best of {args.connect_runs} run(s); "
+             "tunnel: hello answered; echo: first frame answered"]
+    rows.append(Row(path="tunnel connects/s vs echo", config=config, measured=f"{tunnel_rate:.0f} connects/s",
+                    baseline=f"echo {echo_rate:.0f} connects/s", ratio=round(ratio, 2), value=round(ratio, 2),
+                    target=">= 0.7", unit="x echo", notes=notes))
+    print(f"  tunnel connects/s vs echo: {tunnel_rate:.0f} vs {echo_rate:.0f}, ratio {ratio:.2f}")
+    return rows
 
 
 async def run_layer(label: str, env: dict[str, str], tokens: list[str], args, workdir: Path) -> None:
@@ -320,27 +580,50 @@ async def run_layer(label: str, env: dict[str, str], tokens: list[str], args, wo
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tunnels", default="1000,5000", help="idle tunnel counts, e.g. 1000,5000,15000")
-    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--quick", action="store_true", help="the two rows only, fewer samples (~40 s)")
+    parser.add_argument("--json", help="append the rows to this JSON file (bench/report.py)")
+    parser.add_argument("--samples", type=int, default=None, help="deliver -> ack samples (500; --quick 300)")
+    parser.add_argument("--connects", type=int, default=None, help="sockets per connect-rate run (2000; --quick 1000)")
+    parser.add_argument("--connect-runs", type=int, default=None, help="connect-rate runs, best kept (2; --quick 1)")
+    parser.add_argument("--py-spy", dest="py_spy", help="record py-spy profiles of daphne per phase into DIR")
+    parser.add_argument("--idle", "--tunnels", dest="tunnels", default="",
+                        help="idle socket counts held by one daphne, e.g. 1000,5000,15000 (not with --quick)")
     parser.add_argument("--burst", type=int, default=5000)
     parser.add_argument("--heartbeat", type=float, default=20.0)
     parser.add_argument("--connect-rate", type=float, default=1000.0,
-                        help="new idle connections offered per second (echo and tunnel alike)")
-    parser.add_argument("--layers", default="default", help="with REDIS_URL: default,pubsub")
+                        help="idle mode: new connections offered per second (echo and tunnel alike)")
+    parser.add_argument("--layers", default="default", help="details with REDIS_URL: default,pubsub")
     args = parser.parse_args()
-    args.tunnels = [int(n) for n in args.tunnels.split(",") if n]
+    args.samples = args.samples or (300 if args.quick else 500)
+    args.connects = args.connects or (1000 if args.quick else 2000)
+    args.connect_runs = args.connect_runs or (1 if args.quick else 2)
+    args.tunnels = [] if args.quick else [int(n) for n in args.tunnels.split(",") if n]
     _raise_nofile()
     workdir = Path(tempfile.mkdtemp(prefix="ai1net-bench-"))
     env = dict(os.environ)
-    env.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
-    env.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
-                "AI1NET_HEARTBEAT_SEC": str(args.heartbeat), "AI1NET_REDIS_PREFIX": f"bench{os.getpid()}"})
-    tokens = prepare_database(env, max(args.tunnels, default=0) + 2)
-    print(f"database {env['DATABASE_URL'].split('@')[-1]}, REDIS_URL {'set' if env.get('REDIS_URL') else 'unset'}, "
-          f"logs in {workdir}")
-    layers = args.layers.split(",") if env.get("REDIS_URL") else ["in-memory"]
-    for layer in layers:
-        await run_layer(layer, {**env, "BENCH_LAYER": layer}, tokens, args, workdir)
+    scaled = bool(env.get("REDIS_URL"))
+    config = "pg+redis, 2 daphne" if scaled else "embedded"
+    with contextlib.ExitStack() as stack:
+        if env.get("DATABASE_URL", "").startswith("postgres"):
+            env["DATABASE_URL"] = stack.enter_context(postgres_database(env["DATABASE_URL"]))
+        env.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
+        env.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
+                    "AI1NET_HEARTBEAT_SEC": str(args.heartbeat), "AI1NET_REDIS_PREFIX": f"bench{os.getpid()}"})
+        devices = prepare_database(env, max([args.connects, *args.tunnels]) + 2)
+        tokens = [token for _, token in devices]
+        print(f"{config}: database {env['DATABASE_URL'].split('@')[-1]}, logs in {workdir}")
+        servers = [Server(env, workdir, f"rows-{n}") for n in range(2 if scaled else 1)]
+        try:
+            rows = await run_rows(config, servers, devices, args, Profiler(args.py_spy))
+        finally:
+            for server in servers:
+                server.stop()
+        append(args.json, rows)
+        if args.quick:
+            return
+        layers = args.layers.split(",") if scaled else ["in-memory"]
+        for layer in layers:
+            await run_layer(layer, {**env, "BENCH_LAYER": layer}, tokens, args, workdir)
 
 
 if __name__ == "__main__":

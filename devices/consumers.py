@@ -4,9 +4,11 @@ Tunnel, per connection:
 - authenticates by ``Authorization: Bearer <token>`` (accepted first, then closed 4401/4403 so the
   client can read the code), waits for ``hello``, becomes the device's live connection (an older one
   is closed with 4409), joins ``device_group(device_id)``;
-- delivers the durable outbox in seq order with at most ``WINDOW`` unacked items in flight. It reads
-  the database on hello, on every doorbell (``devices.outbox``) and on every heartbeat tick, so a
-  lost doorbell delays an item by one heartbeat at most; acks are written coalesced;
+- delivers the durable outbox in seq order with at most ``WINDOW`` unacked items in flight. Items
+  enqueued in this process are handed over after commit as ready frames (``devices.live``: no layer
+  message, no read back); otherwise it reads the database on hello (when the device is behind), on
+  every doorbell (``devices.outbox``) and on the heartbeat sweep, so a lost doorbell delays an item
+  by one heartbeat at most; acks are written coalesced;
 - runs device -> platform requests through ``devices.rpc.dispatch`` (idempotent per request id);
 - closes a silent peer (4408) and sustained abuse (4400).
 
@@ -15,13 +17,19 @@ Channel-layer messages another process or consumer may send to ``device_group(de
   id=call_id; the answer goes to reply_channel as ``{"type": "device.call.reply", call_id,
   response: {"result": ...} | {"error": {...}}}`` (see ``devices.services.adevice_call``). If the
   tunnel closes first, the error has ``data.code = "device_offline"``.
-- ``{"type": "device.forward", "frame": str}``: send a raw protocol frame to the device as is.
-- ``{"type": "device.stream_open", "stream": str, "reply_channel": str}``: from now on, every
-  notification from the device whose ``params.stream`` equals ``stream`` is sent to reply_channel as
-  ``{"type": "device.stream", "stream", "frame": {...parsed message...}}``; when the tunnel closes,
-  reply_channel gets ``{"type": "device.stream.closed", "stream"}``.
-- ``{"type": "device.stream_close", "stream": str, "ack": bool}``: forget the stream; with ``ack``, send
-  reply_channel a last ``{"type": "device.stream.closed", "stream"}``.
+- ``{"type": "device.forward", "frame": str}``: send a raw protocol frame to the device as is
+  (``"bytes": bytes`` instead of ``frame``: a binary device-web data frame).
+- ``{"type": "device.stream_open", "stream": str, "reply_channel": str, "frame"?: str}``: from now on,
+  every notification from the device whose ``params.stream`` equals ``stream`` (and every binary data
+  frame of that stream, as ``web.data``/``web.ws_frame`` with ``params.raw``: bytes) is sent to
+  reply_channel as ``{"type": "device.stream", "stream", "frame": {...parsed message...}}``; when the
+  tunnel closes, reply_channel gets ``{"type": "device.stream.closed", "stream"}``. ``frame``, if any,
+  goes to the device next (the stream's web.open). The stream is forgotten by itself after the device's
+  last word on it (web.end, web.reset, web.ws_close).
+- ``{"type": "device.stream_close", "stream": str, "ack": bool, "reply_channel"?: str}``: forget the
+  stream; with ``ack``, send reply_channel a last ``{"type": "device.stream.closed", "stream"}``.
+A stream opened in this process (devices.web.streams.LocalLink) calls these handlers directly, with a
+reply "channel" object whose ``put`` takes the messages: no channel layer on that path.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from django.utils import timezone
 
 from ai1net.exceptions import ApplicationError
 from clients import limits, protocol
-from devices import events, rpc, selectors, services, signals
+from devices import events, live, rpc, selectors, services, signals
 from devices.access import socket_otp_satisfied
 from devices.models import Device
 
@@ -58,6 +66,19 @@ SWEEP_CHUNK = 500  # device rows per query of the shared heartbeat sweep
 
 # Background tasks that outlive a consumer (ephemeral expiry): keep references so they run to the end.
 _background: set[asyncio.Task] = set()
+
+# This process's tunnels that said hello, by channel name: a device-web stream that finds the device's
+# connection here talks to the consumer directly (devices.web.streams.LocalLink).
+_web_tunnels: dict[str, DeviceConsumer] = {}
+_STREAM_END = frozenset({protocol.WEB_END, protocol.WEB_RESET, protocol.WEB_WS_CLOSE})
+
+
+def local_tunnel(channel_name: str) -> DeviceConsumer | None:
+    """The live tunnel consumer ``channel_name`` when it runs in this process and this event loop."""
+    tunnel = _web_tunnels.get(channel_name) if channel_name else None
+    if tunnel is None or tunnel.closing or tunnel.loop is not asyncio.get_running_loop():
+        return None
+    return tunnel
 
 # The tunnel's own ORM calls (token lookup, hello, presence, the heartbeat sweep, the signals) are
 # self-contained, one transaction each, and touch no thread-local state across calls: they run in a
@@ -219,6 +240,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.maybe_more = False
         self.pumping = False
         self.pump_again = False
+        self.wake_pending = False  # a doorbell or hand-over came before hello was done
+        self.outgoing: collections.deque[str] = collections.deque()  # deliver frames, in seq order
+        self.sender: asyncio.Task | None = None
         self.ack_task: asyncio.Task | None = None
         self.ticker: asyncio.Task | None = None
         self.tasks: set[asyncio.Task] = set()
@@ -228,6 +252,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self.close()  # refuse the handshake (403), as a proxy that blocks WebSockets would
             return
         await self.accept()
+        # Before the hello makes this connection the device's live one: an item enqueued in this
+        # process from then on is handed straight to it (devices.live).
+        live.add(self.channel_name, self)
         device = await _db(selectors.device_by_token)(raw_token=_bearer(self.scope))
         if device is None:
             await self._close(protocol.CLOSE_UNAUTHORIZED)
@@ -253,6 +280,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self.closing or self.device is None:
             return
         self.last_received = self.loop.time()
+        if bytes_data is not None and self.hello_done and bytes_data[:1] in (b"\x01", b"\x02"):
+            await self._on_web_binary(bytes_data)  # device web data (clients/protocol.py)
+            return
         if text_data is not None and len(text_data) > limits.LIMITS["frame"].max:
             await self.send(protocol.error(None, protocol.INVALID_REQUEST, "frame too large"))
             await self._close(protocol.CLOSE_PROTOCOL_ABUSE)
@@ -303,9 +333,15 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         except ValueError as exc:
             await self._bad_frame(request_id, protocol.INVALID_PARAMS, str(exc))
             return
+        # In the group before the hello makes this connection live: a doorbell rung in another
+        # process after that write finds it (one rung before is covered by the read below).
+        group = events.device_group(self.device.pk)
+        self.groups = [group]  # discarded by websocket_disconnect
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.group_added_at = self.loop.time()
         try:
             device, older = await _db(services.device_hello)(
-                device_id=self.device.pk, channel_name=self.channel_name, hello=hello
+                device_id=self.device.pk, channel_name=self.channel_name, hello=hello, known=self.device
             )
         except ApplicationError:
             await self._close(protocol.CLOSE_REVOKED)
@@ -314,10 +350,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._close(protocol.CLOSE_UNAUTHORIZED)
             return
         self.device = device
-        group = events.device_group(device.pk)
-        self.groups = [group]  # discarded by websocket_disconnect
-        await self.channel_layer.group_add(group, self.channel_name)
-        self.group_added_at = self.loop.time()
         if older:
             await self.channel_layer.group_discard(group, older)
             try:
@@ -328,6 +360,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 # learns it from the sweep (its device's channel is no longer its own).
                 logger.info("replaced connection %s of %s is not listening", older, device.pk)
         self.hello_done = True
+        _web_tunnels[self.channel_name] = self
         self.last_sent = self.acked = self.acked_flushed = hello["ackedSeq"]
         self.last_seen_write = self.loop.time()
         _TunnelSweep.join(self)
@@ -337,8 +370,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             "protocolVersion": protocol.PROTOCOL_VERSION,
             "resendFrom": hello["ackedSeq"] + 1,
         }))
-        await self._signal(signals.device_connected, device=device, hello=params)
-        await self._pump()
+        # The hello's write saw next_seq as it is: read the outbox only when the device is behind it,
+        # or when something rang while the hello was on its way.
+        if self.wake_pending or device.next_seq - 1 > hello["ackedSeq"]:
+            self.wake_pending = False
+            self._background(self._pump())
+        self._background(self._signal(signals.device_connected, device=device, hello=params))
 
     async def _on_ack(self, params: dict[str, Any]) -> None:
         seq = params.get("seq")
@@ -358,7 +395,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         while self.acked > self.acked_flushed:
             seq = self.acked
             try:
-                await database_sync_to_async(services.outbox_ack)(device_id=self.device.pk, seq=seq)
+                await _db(services.outbox_ack)(device_id=self.device.pk, seq=seq)
             except Exception:
                 logger.exception("recording ack %s of %s failed", seq, self.device.pk)
                 return
@@ -380,16 +417,37 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
         stream = params.get("stream")
         if isinstance(stream, str) and stream in self.streams:
-            message = {"jsonrpc": "2.0", "method": method, "params": params}
-            try:
-                await self.channel_layer.send(self.streams[stream], {"type": "device.stream", "stream": stream,
-                                                                     "frame": message})
-            except ChannelFull:  # the receiver sees the seq gap and resets its stream
-                logger.warning("stream %s of %s is full; frame dropped", stream, self.device.pk)
+            target = self.streams.pop(stream) if method in _STREAM_END else self.streams[stream]
+            await self._to_stream(target, stream, {"jsonrpc": "2.0", "method": method, "params": params})
             return
         if isinstance(stream, str) and method.startswith("web."):
             return  # a late frame of a device-web stream the platform already ended: not abuse
         await self._bad_frame(None, protocol.METHOD_NOT_FOUND, f"unknown notification {method!r}")
+
+    async def _on_web_binary(self, frame: bytes) -> None:
+        try:
+            kind, stream, seq, payload = protocol.parse_web_binary(frame)
+        except protocol.ProtocolError as exc:
+            await self._bad_frame(None, exc.code, exc.message)
+            return
+        target = self.streams.get(stream)
+        if target is None:
+            return  # a late frame of a stream the platform already ended
+        method = protocol.WEB_DATA if kind == protocol.WEB_BIN_DATA else protocol.WEB_WS_FRAME
+        await self._to_stream(target, stream, {"jsonrpc": "2.0", "method": method,
+                                               "params": {"stream": stream, "seq": seq, "raw": payload}})
+
+    async def _to_stream(self, target: Any, stream: str, frame: dict[str, Any] | None) -> None:
+        """A device-web stream's message to its reader: a frame, or (None) the end of the stream."""
+        message = {"type": "device.stream", "stream": stream, "frame": frame} if frame is not None else {
+            "type": "device.stream.closed", "stream": stream}
+        if not isinstance(target, str):
+            target.put(message)  # a stream in this process (LocalLink)
+            return
+        try:
+            await self.channel_layer.send(target, message)
+        except ChannelFull:  # the receiver sees the seq gap (or times out) and resets its stream
+            logger.warning("stream %s of %s is full; frame dropped", stream, self.device.pk)
 
     async def _on_response(self, message: dict[str, Any]) -> None:
         reply_channel = self.calls.pop(str(message["id"]), None)
@@ -412,20 +470,51 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 self.pump_again = False
                 room = WINDOW - max(0, self.last_sent - self.acked)
                 if room > 0:
-                    items = await database_sync_to_async(selectors.outbox_unacked_after)(
+                    frames = await _db(selectors.outbox_frames_after)(
                         device_id=self.device.pk, after_seq=self.last_sent, limit=room
                     )
-                    for seq, kind, payload in items:
-                        await self.send(protocol.notification(protocol.DELIVER,
-                                                              {"seq": seq, "kind": kind, "payload": payload}))
-                        self.last_sent = seq
-                    self.maybe_more = len(items) == room
+                    self._queue_frames(frames)
+                    self.maybe_more = len(frames) == room
                     if self.maybe_more and self.last_sent - self.acked < WINDOW:
                         continue  # acks arrived while sending
                 if not self.pump_again:
                     break
         finally:
             self.pumping = False
+
+    def outbox_handed(self, frames: list[tuple[int, str]]) -> None:
+        """Items enqueued in this process, committed, as (seq, deliver frame) (devices.live). Sent as
+        they are when they follow what was sent and fit the window; else the outbox is read."""
+        if self.closing:
+            return
+        if not self.hello_done:
+            self.wake_pending = True  # the hello reads the outbox after its write: it sees them
+            return
+        fresh = [(seq, frame) for seq, frame in frames if seq > self.last_sent]
+        if not fresh:
+            return
+        if self.pumping or fresh[0][0] != self.last_sent + 1 or fresh[-1][0] - self.acked > WINDOW:
+            self._background(self._pump())
+            return
+        self._queue_frames(fresh)
+
+    def _queue_frames(self, frames: list[tuple[int, str]]) -> None:
+        """Send deliver frames after those queued before, skipping any already sent."""
+        for seq, frame in frames:
+            if seq > self.last_sent:
+                self.last_sent = seq
+                self.outgoing.append(frame)
+        if self.outgoing and (self.sender is None or self.sender.done()):
+            self.sender = asyncio.create_task(self._send_outgoing())
+
+    async def _send_outgoing(self) -> None:
+        while self.outgoing and not self.closing:
+            await self._send_safely(self.outgoing.popleft())
+
+    def _background(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     # --- heartbeat ----------------------------------------------------------------------------
 
@@ -487,6 +576,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def devices_outbox(self, message: dict[str, Any]) -> None:
         if self.hello_done:
             await self._pump()
+        else:
+            self.wake_pending = True
 
     async def devices_close(self, message: dict[str, Any]) -> None:
         await self._close(int(message.get("code") or protocol.CLOSE_REVOKED))
@@ -503,18 +594,27 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send_safely(protocol.request(message["method"], message.get("params") or {}, call_id))
 
     async def device_forward(self, message: dict[str, Any]) -> None:
-        if self.hello_done:
-            await self._send_safely(message["frame"])
+        if not self.hello_done or self.closing:
+            return
+        if "bytes" in message:
+            try:
+                await self.send(bytes_data=message["bytes"])
+            except Exception:  # the socket went away meanwhile
+                logger.debug("send on a closed tunnel", exc_info=True)
+            return
+        await self._send_safely(message["frame"])
 
     async def device_stream_open(self, message: dict[str, Any]) -> None:
         self.streams[str(message["stream"])] = message["reply_channel"]
+        if message.get("frame"):
+            await self.device_forward({"type": "device.forward", "frame": message["frame"]})
 
     async def device_stream_close(self, message: dict[str, Any]) -> None:
-        reply_channel = self.streams.pop(str(message["stream"]), None)
+        reply_channel = self.streams.pop(str(message["stream"]), None) or message.get("reply_channel")
         if reply_channel is not None and message.get("ack"):
             # The last message of the stream: its reader drains up to here, so nothing is left behind
             # in a channel nobody reads (channels-redis would keep it in the process's buffer).
-            await self.channel_layer.send(reply_channel, {"type": "device.stream.closed", "stream": message["stream"]})
+            await self._to_stream(reply_channel, str(message["stream"]), None)
 
     async def _offline_reply(self, call_id: str, reply_channel: str) -> None:
         await self.channel_layer.send(reply_channel, {"type": "device.call.reply", "call_id": call_id, "response": {
@@ -525,6 +625,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         self.closing = True
+        if _web_tunnels.get(self.channel_name) is self:
+            del _web_tunnels[self.channel_name]
+        live.discard(self.channel_name, self)
         _TunnelSweep.leave(self)
         if self.ticker is not None:
             self.ticker.cancel()
@@ -534,13 +637,13 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._offline_reply(call_id, reply_channel)
         self.calls.clear()
         for stream, reply_channel in list(self.streams.items()):
-            await self.channel_layer.send(reply_channel, {"type": "device.stream.closed", "stream": stream})
+            await self._to_stream(reply_channel, stream, None)
         self.streams.clear()
         if self.ack_task is not None:
             await asyncio.gather(self.ack_task, return_exceptions=True)
         await self._flush_acks()
         device = await _db(services.device_disconnected)(
-            device_id=self.device.pk, channel_name=self.channel_name
+            device_id=self.device.pk, channel_name=self.channel_name, known=self.device
         )
         if device is None:
             return  # replaced: the newer connection owns presence

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
 
 from ai1net.accounts.services import hash_secret
 from ai1net.exceptions import NotFound
+from clients import protocol
 from devices.models import Device, OutboxItem
 
 
@@ -39,6 +42,20 @@ def outbox_unacked_after(*, device_id: Any, after_seq: int, limit: int) -> list[
         .order_by("seq")
         .values_list("seq", "kind", "payload")[:limit]
     )
+
+
+def deliver_frame(seq: int, kind: str, payload_json: str) -> str:
+    """The ``deliver`` notification (clients.protocol) around a payload that is JSON text already."""
+    return (f'{{"jsonrpc":"2.0","method":"{protocol.DELIVER}","params":{{"seq":{int(seq)},'
+            f'"kind":{json.dumps(kind, ensure_ascii=False)},"payload":{payload_json or "null"}}}}}')
+
+
+def outbox_frames_after(*, device_id: Any, after_seq: int, limit: int) -> list[tuple[int, str]]:
+    """``outbox_unacked_after`` as ready ``deliver`` frames: the payload is read as the JSON text the
+    database holds and put in the frame as is (no decode and encode again on the tunnel's loop)."""
+    rows = (OutboxItem.objects.filter(device_id=device_id, seq__gt=after_seq, acked_at__isnull=True)
+            .order_by("seq").annotate(raw=Cast("payload", TextField())).values_list("seq", "kind", "raw")[:limit])
+    return [(seq, deliver_frame(seq, kind, raw)) for seq, kind, raw in rows]
 
 
 def devices_tick_state(*, device_ids: list[Any], chunk: int = 500) -> dict[Any, tuple[str, int, str]]:

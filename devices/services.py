@@ -8,6 +8,8 @@ in order.
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import secrets
 import uuid
 from datetime import timedelta
@@ -26,7 +28,7 @@ from ai1net.accounts.services import audit_record, hash_secret
 from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, RateLimited, ValidationFailed
 from ai1net.limits import enforce
 from clients import protocol
-from devices import events
+from devices import events, live
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
 from devices.models import LONGPOLL_PREFIX, Device, OutboxItem, PairingRequest
 
@@ -302,8 +304,54 @@ def device_expire_ephemeral(*, device_id: Any) -> bool:
 
 # --- presence (written by the tunnel consumer) ------------------------------------------------
 
-def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any]) -> tuple[Device, str]:
-    """A connection said hello: it becomes the device's live connection. Returns (device, older channel)."""
+def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any],
+                 known: Device | None = None) -> tuple[Device, str]:
+    """A connection said hello: it becomes the device's live connection. Returns (device, older channel).
+
+    ``known``: the device as read when the socket opened (with its owner). When nothing that matters
+    changed since (status, live channel, next_seq, connection count), one conditional UPDATE makes the
+    connection live and its row count decides; otherwise, or when the device acks more than the row
+    says, the row is locked, read and written."""
+    if known is not None and known.pk == device_id:
+        acked = int(hello.get("ackedSeq") or 0)
+        if acked <= known.acked_seq:
+            device = _device_hello_fast(known, channel_name, hello)
+            if device is not None:
+                return device, _older_channel(known.channel_name, channel_name)
+    return _device_hello_locked(device_id=device_id, channel_name=channel_name, hello=hello)
+
+
+def _older_channel(previous: str, channel_name: str) -> str:
+    # A long poll has no channel to close: it sees the WebSocket took over and ends.
+    return "" if previous == channel_name or previous.startswith(LONGPOLL_PREFIX) else previous
+
+
+def _hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
+    return {"capabilities": list(hello.get("capabilities") or []), "ports": list(hello.get("ports") or []),
+            "roots": list(hello.get("roots") or []), "protocol_version": int(hello.get("protocolVersion") or 0),
+            "client_version": str(hello.get("version") or "")[:50]}
+
+
+def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any]) -> Device | None:
+    now = timezone.now()
+    fields = {"channel_name": channel_name, "connected_at": now, "last_seen_at": now, "disconnected_at": None,
+              "connection_count": known.connection_count + 1, **_hello_fields(hello)}
+    # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later sees
+    # this connection as live: it is handed over or rings the doorbell of a group already joined).
+    changed = Device.objects.filter(
+        pk=known.pk, status=Device.Status.ACTIVE, channel_name=known.channel_name, next_seq=known.next_seq,
+        connection_count=known.connection_count,
+    ).update(**fields)
+    if not changed:
+        return None
+    device = copy.copy(known)
+    for name, value in fields.items():
+        setattr(device, name, value)
+    events.send_presence_changed(device)
+    return device
+
+
+def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, Any]) -> tuple[Device, str]:
     now = timezone.now()
     acked = int(hello.get("ackedSeq") or 0)
     with transaction.atomic():
@@ -311,19 +359,14 @@ def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any]) ->
         device = Device.objects.select_for_update(of=("self",)).select_related("owner").get(pk=device_id)
         if device.status != Device.Status.ACTIVE:
             raise ApplicationError("revoked", code="revoked", status=403)
-        older = device.channel_name if device.channel_name != channel_name else ""
-        if older.startswith(LONGPOLL_PREFIX):
-            older = ""  # a long poll has no channel to close: it sees the WebSocket took over and ends
+        older = _older_channel(device.channel_name, channel_name)
         device.channel_name = channel_name
         device.connected_at = now
         device.last_seen_at = now
         device.disconnected_at = None
         device.connection_count += 1
-        device.capabilities = list(hello.get("capabilities") or [])
-        device.ports = list(hello.get("ports") or [])
-        device.roots = list(hello.get("roots") or [])
-        device.protocol_version = int(hello.get("protocolVersion") or 0)
-        device.client_version = str(hello.get("version") or "")[:50]
+        for name, value in _hello_fields(hello).items():
+            setattr(device, name, value)
         if acked > device.acked_seq:
             device.acked_seq = min(acked, device.next_seq - 1)
         device.save(update_fields=["channel_name", "connected_at", "last_seen_at", "disconnected_at",
@@ -335,17 +378,23 @@ def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any]) ->
     return device, older
 
 
-def device_disconnected(*, device_id: Any, channel_name: str) -> Device | None:
-    """The connection closed; only the live connection clears presence (a replaced one does not)."""
+def device_disconnected(*, device_id: Any, channel_name: str, known: Device | None = None) -> Device | None:
+    """The connection closed; only the live connection clears presence (a replaced one does not).
+
+    ``known``: the device as the connection last had it; its presence is updated in memory instead of
+    reading the row again (one statement)."""
     now = timezone.now()
-    with transaction.atomic():
-        changed = Device.objects.filter(pk=device_id, channel_name=channel_name).update(
-            channel_name="", disconnected_at=now, last_seen_at=now
-        )
-        if not changed:
-            return None
+    changed = Device.objects.filter(pk=device_id, channel_name=channel_name).update(
+        channel_name="", disconnected_at=now, last_seen_at=now
+    )
+    if not changed:
+        return None
+    if known is not None and known.pk == device_id:
+        device = copy.copy(known)
+        device.channel_name, device.disconnected_at, device.last_seen_at = "", now, now
+    else:
         device = Device.objects.get(pk=device_id)
-        events.send_presence_changed(device)
+    events.send_presence_changed(device)
     return device
 
 
@@ -395,15 +444,18 @@ def device_longpoll_seen(*, device_id: Any, poll_channel: str) -> tuple[Device, 
 
 # --- durable outbox ---------------------------------------------------------------------------
 
-def _ring_once_per_commit(device_id: Any) -> None:
-    """One doorbell per device per commit, however many items the transaction enqueued.
+def _ring_once_per_commit(device_id: Any, channel_name: str = "") -> None:
+    """One doorbell per device per commit, however many items the transaction enqueued; none when the
+    live connection ``channel_name`` (read in the transaction) is in this process: it was handed the
+    items (``devices.live``).
 
     The callback registered for this device is remembered on the connection with its position in
     ``run_on_commit``; if it is still there (not rolled back), there is nothing to add.
     """
+    ring = functools.partial(_doorbell_unless_here, device_id, channel_name)
     conn = transaction.get_connection()
     if not conn.in_atomic_block:
-        events.send_outbox_doorbell(device_id)
+        ring()
         return
     pending = conn.__dict__.setdefault("_devices_doorbells", {})
     key = str(device_id)
@@ -413,8 +465,13 @@ def _ring_once_per_commit(device_id: Any) -> None:
         if index < len(conn.run_on_commit) and conn.run_on_commit[index][1] is marker:
             return
     index = len(conn.run_on_commit)
-    events.send_outbox_doorbell(device_id)
+    transaction.on_commit(ring)
     pending[key] = (index, conn.run_on_commit[index][1])
+
+
+def _doorbell_unless_here(device_id: Any, channel_name: str) -> None:
+    if live.get(channel_name) is None:
+        events.send_outbox_doorbell(device_id)
 
 
 def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> OutboxItem:
@@ -422,21 +479,49 @@ def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> Out
     return outbox_enqueue_many(device=device, items=[(kind, payload)])[0]
 
 
+def _allocate_seqs(device_id: Any, count: int) -> tuple[int, str]:
+    """Add ``count`` to the device's next_seq; returns (the new next_seq, the live channel name).
+
+    The UPDATE takes the device row's lock until commit, so seqs commit in allocation order and no
+    hello can change the channel meanwhile. One statement where the database can return what it
+    updated (PostgreSQL, SQLite >= 3.35), else an UPDATE and a SELECT."""
+    conn = transaction.get_connection()
+    if conn.features.can_return_columns_from_insert:
+        meta, qn = Device._meta, conn.ops.quote_name
+        # Names from the model's _meta, values as parameters.
+        sql = (f"UPDATE {qn(meta.db_table)} SET {qn('next_seq')} = {qn('next_seq')} + %s "  # noqa: S608
+               f"WHERE {qn('id')} = %s RETURNING {qn('next_seq')}, {qn('channel_name')}")
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [count, meta.pk.get_db_prep_value(device_id, conn)])
+            row = cursor.fetchone()
+        if row is None:
+            raise NotFound("No such device.")
+        return int(row[0]), row[1] or ""
+    if not Device.objects.filter(pk=device_id).update(next_seq=F("next_seq") + count):
+        raise NotFound("No such device.")
+    end, channel_name = Device.objects.filter(pk=device_id).values_list("next_seq", "channel_name").get()
+    return end, channel_name
+
+
 def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]]]) -> list[OutboxItem]:
-    """Several items in one transaction, consecutive seqs, one doorbell."""
+    """Several items in one transaction, consecutive seqs, one doorbell (or a direct hand-over to the
+    device's connection when it lives in this process: ``devices.live``)."""
     if not items:
         return []
     with transaction.atomic():
-        # The UPDATE takes the device row's lock until commit, so seqs commit in allocation order.
-        if not Device.objects.filter(pk=device.pk).update(next_seq=F("next_seq") + len(items)):
-            raise NotFound("No such device.")
-        end = Device.objects.filter(pk=device.pk).values_list("next_seq", flat=True).get()
+        end, channel_name = _allocate_seqs(device.pk, len(items))
         first = end - len(items)
         rows = OutboxItem.objects.bulk_create(
             [OutboxItem(device_id=device.pk, seq=first + i, kind=kind, payload=payload)
              for i, (kind, payload) in enumerate(items)]
         )
-        _ring_once_per_commit(device.pk)
+        if live.get(channel_name) is not None:
+            # Rendered now, as committed: the caller may change its payload dicts before the commit.
+            frames = [(row.seq, protocol.notification(protocol.DELIVER, {"seq": row.seq, "kind": row.kind,
+                                                                          "payload": row.payload}))
+                      for row in rows]
+            transaction.on_commit(functools.partial(live.hand_over, channel_name, frames))
+        _ring_once_per_commit(device.pk, channel_name)
     device.next_seq = end
     return rows
 

@@ -1,0 +1,123 @@
+"""What one tunnel costs the database: statements per connect, per delivered item, per ack (issue 10).
+
+The tunnel's ORM calls run in worker threads (each its own connection), so the statements are counted
+for every connection at once: ``CursorWrapper._execute`` is wrapped for the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db.backends.utils import CursorWrapper
+
+from clients import protocol
+from devices import services
+from devices.models import Device, OutboxItem
+from tests.devices.tunnel_support import Device as FakeDevice
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+db = sync_to_async
+
+
+@pytest.fixture(autouse=True)
+def _isolated(isolated_device_signals):
+    """Count the tunnel's own statements: other apps' receivers are theirs to count."""
+
+
+class Statements:
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.sql)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.sql.clear()
+
+    def writes(self) -> list[str]:
+        return [s for s in self.sql if not s.lstrip().upper().startswith("SELECT")]
+
+
+@pytest.fixture
+def statements(monkeypatch) -> Statements:
+    seen = Statements()
+    execute, executemany = CursorWrapper._execute, CursorWrapper._executemany
+
+    def counted(self, sql, *args, **kwargs):
+        with seen.lock:
+            seen.sql.append(sql)
+        return execute(self, sql, *args, **kwargs)
+
+    def counted_many(self, sql, *args, **kwargs):
+        with seen.lock:
+            seen.sql.append(sql)
+        return executemany(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(CursorWrapper, "_execute", counted)
+    monkeypatch.setattr(CursorWrapper, "_executemany", counted_many)
+    return seen
+
+
+async def settle(seconds: float = 0.3) -> None:
+    await asyncio.sleep(seconds)  # background writes (signals, coalesced acks) finish
+
+
+async def test_statements_per_connect_and_disconnect(user, statements):
+    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
+    statements.clear()
+    dev = FakeDevice(token)
+    await dev.open()
+    await dev.hello()
+    await settle()
+    connect = list(statements.sql)
+    print("connect:", *connect, sep="\n  ")
+    statements.clear()
+    await dev.close()
+    await settle()
+    disconnect = list(statements.sql)
+    print("disconnect:", *disconnect, sep="\n  ")
+    assert len(connect) <= 2, connect  # the token's device (with its owner), the hello's one UPDATE
+    assert len(disconnect) <= 1, disconnect
+    fresh = await db(Device.objects.get)(pk=device.pk)
+    assert fresh.connection_count == 1 and not fresh.is_online and fresh.disconnected_at is not None
+
+
+async def test_a_reconnect_with_unsent_items_reads_the_outbox_once(user, statements):
+    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
+    await db(services.outbox_enqueue_many)(device=device, items=[("k", {"i": i}) for i in range(3)])
+    statements.clear()
+    dev = FakeDevice(token)
+    await dev.open()
+    await dev.hello()
+    assert [i["seq"] for i in await dev.delivers(3)] == [1, 2, 3]
+    await settle()
+    assert len(statements) <= 3, statements.sql  # token, hello, one read of the outbox
+    await dev.close()
+
+
+async def test_an_item_enqueued_in_this_process_is_sent_without_reading_it_back(user, statements):
+    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
+    dev = FakeDevice(token)
+    await dev.open()
+    await dev.hello()
+    await settle()
+    statements.clear()
+    await db(services.outbox_enqueue)(device=device, kind="k", payload={"n": 1})
+    enqueue = len(statements)
+    item = (await dev.delivers(1))[0]
+    assert item == {"seq": 1, "kind": "k", "payload": {"n": 1}}
+    await dev.ack(1)
+    await settle(0.5)  # the coalesced ack is written in the background
+    after = statements.sql[enqueue:]
+    assert await db(lambda: OutboxItem.objects.get(device=device, seq=1).acked_at is not None)()
+    assert await db(lambda: Device.objects.get(pk=device.pk).acked_seq)() == 1
+    print("enqueue:", *statements.sql[:enqueue], "deliver + ack:", *after, sep="\n  ")
+    assert not [s for s in after if s.lstrip().upper().startswith("SELECT")], after  # no read-back
+    assert len(after) <= 2, after  # the ack: the items and the device's acked_seq
+    await dev.close()
