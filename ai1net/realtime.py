@@ -5,7 +5,9 @@ with ``async_to_sync`` from there parks the worker until the event loop has run 
 thousands of sockets the loop is busy, and every connect's presence event held Django's one
 thread-sensitive database thread for a loop turn (bench/tunnel.py). When a running event loop is
 known (we are inside a worker started from it), the send is handed to that loop and the thread goes
-on; sends handed over from one process keep their order (each waits for the one before it). Outside
+on; sends to one group keep their order (each waits for the one before it), sends to different groups
+go out side by side: a question's phone event does not wait behind its room's two (each group_send
+on the Redis layer is a few round trips), and order only ever mattered within a group. Outside
 any loop (management commands, sync tests) it sends synchronously, as before. Either way a failed
 send is logged, never raised: the write is committed and the layer is only a doorbell.
 """
@@ -26,8 +28,9 @@ from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
-# Per event loop: the sends handed over and not yet done, drained in order by one task at a time.
-_pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, collections.deque] = weakref.WeakKeyDictionary()
+# Per event loop and group: the sends handed over and not yet done, drained in order by one task per group.
+_pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, collections.deque]] = (
+    weakref.WeakKeyDictionary())
 _drainers: set[asyncio.Task] = set()
 
 
@@ -41,23 +44,30 @@ async def _send(group: str, message: dict[str, Any]) -> None:
         logger.exception("could not send %s to %s", message.get("type"), group)
 
 
-async def _drain(queue: collections.deque) -> None:
-    while queue:
-        group, message = queue[0]
-        try:
-            await _send(group, message)
-        finally:
-            queue.popleft()
+async def _drain(queues: dict[str, collections.deque], group: str) -> None:
+    queue = queues[group]
+    try:
+        while queue:
+            try:
+                await _send(group, queue[0])
+            finally:
+                queue.popleft()
+    finally:  # emptied, or cancelled with the loop: the next hand-over starts a fresh queue and drainer
+        if queues.get(group) is queue:
+            del queues[group]
 
 
 def _hand_over(loop: asyncio.AbstractEventLoop, group: str, message: dict[str, Any]) -> None:
     # Runs in the loop's thread, in the order the worker threads called call_soon_threadsafe.
-    queue = _pending.get(loop)
+    queues = _pending.get(loop)
+    if queues is None:
+        queues = _pending[loop] = {}
+    queue = queues.get(group)
     if queue is None:
-        queue = _pending[loop] = collections.deque()
-    queue.append((group, message))
-    if len(queue) == 1:  # no drainer running: the previous one empties the queue before it ends
-        task = loop.create_task(_drain(queue))
+        queue = queues[group] = collections.deque()
+    queue.append(message)
+    if len(queue) == 1:  # no drainer for this group: the running one empties its queue before it ends
+        task = loop.create_task(_drain(queues, group))
         _drainers.add(task)
         task.add_done_callback(_drainers.discard)
 

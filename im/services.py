@@ -73,19 +73,40 @@ def room_get_or_create_studio(*, user: Any, device: Any) -> Room:
     return room
 
 
-def message_post(*, room: Room, author_user: Any = None, author_device: Any = None, kind: str,
-                 body: dict) -> Message:
-    """Append a message; its seq comes from one UPDATE on the room row, so writers queue, never collide."""
+def _next_seq(room_id: Any) -> int:
+    """Take the room's next message seq: one UPDATE on the room row (it holds the row's lock, PostgreSQL,
+    or the write lock, SQLite, until commit, so writers queue, never collide), returning the value where
+    the database can (PostgreSQL, SQLite >= 3.35), else an UPDATE and a SELECT."""
+    conn = transaction.get_connection()
+    if conn.features.can_return_columns_from_insert:
+        meta, qn = Room._meta, conn.ops.quote_name
+        # Names from the model's _meta, the value as a parameter.
+        sql = (f"UPDATE {qn(meta.db_table)} SET {qn('next_seq')} = {qn('next_seq')} + 1 "  # noqa: S608
+               f"WHERE {qn(meta.pk.column)} = %s RETURNING {qn('next_seq')}")
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [meta.pk.get_db_prep_value(room_id, conn)])
+            row = cursor.fetchone()
+        if row is None:
+            raise NotFound("No such room.")
+        return int(row[0]) - 1
+    if not Room.objects.filter(pk=room_id).update(next_seq=F("next_seq") + 1):
+        raise NotFound("No such room.")
+    return Room.objects.values_list("next_seq", flat=True).get(pk=room_id) - 1
+
+
+def message_post(*, room: Room | None = None, room_id: Any = None, author_user: Any = None,
+                 author_device: Any = None, kind: str, body: dict) -> Message:
+    """Append a message to ``room`` (or the room ``room_id``, unread); its seq comes from one UPDATE on
+    the room row. Two statements, no savepoint: a failure fails the caller's transaction."""
     if kind not in Message.Kind.values:
         raise ValidationFailed(f"Unknown message kind {kind!r}.")
     if author_user is not None and author_device is not None:
         raise ValidationFailed("A message has one author.")
-    with transaction.atomic():
-        # The UPDATE takes the row lock (PostgreSQL) / the write lock (SQLite) until commit.
-        Room.objects.filter(pk=room.pk).update(next_seq=F("next_seq") + 1)
-        seq = Room.objects.values_list("next_seq", flat=True).get(pk=room.pk) - 1
-        message = Message.objects.create(room=room, seq=seq, author_user=author_user, author_device=author_device,
-                                         kind=kind, body=body)
+    room_id = room.pk if room is not None else room_id
+    with transaction.atomic(savepoint=False):
+        seq = _next_seq(room_id)
+        message = Message.objects.create(room_id=room_id, seq=seq, author_user=author_user,
+                                         author_device=author_device, kind=kind, body=body)
     events.message_created(message)
     return message
 
@@ -101,9 +122,10 @@ def text_post(*, actor: Any, room_id: Any, text: str) -> Message:
     return message_post(room=room, author_user=actor, kind=Message.Kind.TEXT, body={"text": text})
 
 
-def panel_create(*, room: Room, kind: str, spec: dict, message: Message | None = None, ref_id: str = "",
-                 state: str = "open") -> Panel:
-    panel = Panel.objects.create(room=room, message=message, kind=kind, spec=spec, ref_id=ref_id, state=state)
+def panel_create(*, room: Room | None = None, room_id: Any = None, kind: str, spec: dict,
+                 message: Message | None = None, ref_id: str = "", state: str = "open") -> Panel:
+    panel = Panel.objects.create(room_id=room.pk if room is not None else room_id, message=message, kind=kind,
+                                 spec=spec, ref_id=ref_id, state=state)
     events.panel_updated(panel)
     return panel
 
@@ -113,6 +135,35 @@ def panel_state_set(*, panel: Panel, state: str, spec_update: dict | None = None
     if spec_update:
         panel.spec = {**panel.spec, **spec_update}
     panel.save(update_fields=["state", "spec", "updated_at"])
+    events.panel_updated(panel)
+    return panel
+
+
+def panel_state_set_by_id(*, panel_id: int, state: str, spec_update: dict | None = None) -> Panel | None:
+    """``panel_state_set`` for a panel not loaded yet: one UPDATE returning the row the event needs
+    (PostgreSQL, SQLite >= 3.35) when the spec stays as it is; None when there is no such panel."""
+    conn = transaction.get_connection()
+    if spec_update or not conn.features.can_return_columns_from_insert:
+        panel = Panel.objects.filter(pk=panel_id).first()
+        return panel_state_set(panel=panel, state=state, spec_update=spec_update) if panel is not None else None
+    meta, qn = Panel._meta, conn.ops.quote_name
+    returned = ("room_id", "message_id", "kind", "spec", "ref_id", "created_at")
+    # Names from the model's _meta, values as parameters.
+    sql = (f"UPDATE {qn(meta.db_table)} SET {qn('state')} = %s, {qn('updated_at')} = %s "  # noqa: S608
+           f"WHERE {qn(meta.pk.column)} = %s RETURNING {', '.join(qn(meta.get_field(n).column) for n in returned)}")
+    now = timezone.now()
+    columns = [meta.get_field(name).get_col(meta.db_table) for name in returned]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [state, meta.get_field("updated_at").get_db_prep_value(now, conn), panel_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = {}
+    for column, value in zip(columns, row, strict=True):  # as the ORM converts what it reads
+        for converter in conn.ops.get_db_converters(column) + column.get_db_converters(conn):
+            value = converter(value, column, conn)
+        values[column.target.attname] = value
+    panel = Panel(pk=panel_id, state=state, updated_at=now, **values)
     events.panel_updated(panel)
     return panel
 

@@ -34,7 +34,7 @@ from clients.limits import LIMITS
 from devices.models import Device, OutboxItem
 from devices.services import outbox_enqueue
 from im import services as im_services
-from im.models import Message, Panel, Room
+from im.models import Message, Room
 from mobile import events, pacing
 from mobile.models import AgentSession, Answer, PhoneMessage, Question
 
@@ -264,7 +264,8 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
         raise ValidationFailed(f"window_sec must be between 1 and {MAX_WINDOW_SEC}.")
     session = _session_for_question(device, session_id)
     now = timezone.now()
-    with transaction.atomic():
+    # No savepoint of its own: a failure fails the caller's transaction (the device request's).
+    with transaction.atomic(savepoint=False):
         question = Question(
             id=qid, device=device, session=session, room_id=session.room_id, tool_use_id=str(tool_use_id)[:200],
             questions=questions, nonce_salt=secrets.token_hex(16), window_sec=int(window_sec),
@@ -280,19 +281,20 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
             if existing.device_id != device.pk:
                 raise ValidationFailed("question_id is already in use.") from None
             return _question_reply(existing)
-        room = Room.objects.get(pk=session.room_id)
-        message = im_services.message_post(room=room, author_device=device, kind=Message.Kind.QUESTION,
-                                           body={"question_id": str(qid), "questions": questions})
-        panel = im_services.panel_create(room=room, message=message, kind="mobile.question", ref_id=str(qid),
+        message = im_services.message_post(room_id=session.room_id, author_device=device,
+                                           kind=Message.Kind.QUESTION, body={"question_id": str(qid),
+                                                                             "questions": questions})
+        panel = im_services.panel_create(room_id=session.room_id, message=message, kind="mobile.question",
+                                         ref_id=str(qid),
                                          state=Question.State.PENDING,
                                          spec={"question_id": str(qid), "session_id": session_id,
                                                "questions": questions, "expires_at": question.expires_at.isoformat()})
         Question.objects.filter(pk=qid).update(panel=panel)
         question.panel = panel
         question.session = session
-        _audit(actor=None, action="mobile.question",
-               question=question, data={"device_id": str(device.pk), "session_id": session_id,
-                                        "window_sec": int(window_sec)})
+        # Last before the commit: the audit chain's lock is held from here to the commit.
+        _audit(actor=None, action="mobile.question", question=question, subject=device.owner,
+               data={"device_id": str(device.pk), "session_id": session_id, "window_sec": int(window_sec)})
         events.question_created(question, owner_id=device.owner_id, nonce=nonce)
     return _question_reply(question)
 
@@ -304,10 +306,8 @@ def _question_reply(question: Question) -> dict:
 
 def _panel_follow(question: Question) -> None:
     if question.panel_id:
-        panel = Panel.objects.filter(pk=question.panel_id).first()
-        if panel is not None:
-            reason = {"reason": question.state_reason} if question.state_reason else None
-            im_services.panel_state_set(panel=panel, state=question.state, spec_update=reason)
+        reason = {"reason": question.state_reason} if question.state_reason else None
+        im_services.panel_state_set_by_id(panel_id=question.panel_id, state=question.state, spec_update=reason)
 
 
 def question_move(*, device: Device, question_id: str, reason: str) -> dict:
@@ -485,17 +485,19 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
             pk=question.pk, state=Question.State.PENDING, nonce_hash=hash_secret(nonce), expires_at__gt=now,
         ).update(state=Question.State.ANSWERED, decided_at=now)
         if won:
-            question.refresh_from_db()
+            # The row as the UPDATE left it (it changed nothing else): no re-read.
+            question.state, question.decided_at = Question.State.ANSWERED, now
             Answer.objects.create(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free)
+            # The bridge's item first: its doorbell is the first to leave after commit.
             outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
                 "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
             })
-            room = Room.objects.get(pk=question.room_id)
-            im_services.message_post(room=room, author_user=actor, kind=Message.Kind.ANSWER,
+            im_services.message_post(room_id=question.room_id, author_user=actor, kind=Message.Kind.ANSWER,
                                      body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
                                            "other": free})
             _panel_follow(question)
-            _audit(actor=actor, action="mobile.answer", question=question, ip=ip,
+            # Last before the commit: the audit chain's lock is held from here to the commit.
+            _audit(actor=actor, action="mobile.answer", question=question, subject=actor, ip=ip,
                    data={"answers": chosen, "other": free})
             events.question_updated(question, owner_id=actor.pk)
     if not won:

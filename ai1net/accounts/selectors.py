@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.models import Device
 from django_otp.plugins.otp_totp.models import TOTPDevice
@@ -48,9 +49,10 @@ def backup_codes_remaining(user: User) -> int:
 
 
 def user_needs_otp(user: User) -> bool:
-    return TOTPDevice.objects.filter(user=user, confirmed=True).exists() or BackupCodeDevice.objects.filter(
-        user=user, confirmed=True, codes__isnull=False
-    ).exists()
+    """The user enrolled a second factor (a confirmed TOTP device or backup codes): one query."""
+    totp = TOTPDevice.objects.filter(user=OuterRef("pk"), confirmed=True)
+    codes = BackupCodeDevice.objects.filter(user=OuterRef("pk"), confirmed=True, codes__isnull=False)
+    return User.objects.filter(pk=user.pk).filter(Exists(totp) | Exists(codes)).exists()
 
 
 @dataclass(frozen=True)

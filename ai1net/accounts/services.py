@@ -56,10 +56,13 @@ def audit_record(*, actor: User | None, action: str, subject: User | None = None
 
     Appends are serialised so the chain never forks: an advisory lock on PostgreSQL; on SQLite the
     IMMEDIATE transaction mode already gives one writer at a time. ``prev_hash`` is unique as well.
+    Three statements (lock, last hash, insert) and no savepoint of its own: inside the caller's
+    transaction an error here fails the caller's write too, which is what an audited write wants.
+    The lock is held until that transaction commits, so callers append last, just before they commit.
     """
     # Round-trip through JSON so the hash is computed over exactly what the database will return.
     data = json.loads(json.dumps(data, default=str))
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_ID])

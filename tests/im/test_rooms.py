@@ -140,3 +140,23 @@ async def test_room_socket_for_members_only(client, user, other_user):
     assert not connected and code == 4404
     assert await database_sync_to_async(Message.objects.filter(room=room).count)() == 1
     assert await database_sync_to_async(Panel.objects.filter(room=room).count)() == 1
+
+
+@pytest.mark.django_db
+def test_message_post_by_room_id_and_panel_state_set_by_id(room, user, django_capture_on_commit_callbacks):
+    """The hot paths' forms (no room read, one UPDATE ... RETURNING for the panel) keep what the event says."""
+    message = services.message_post(room_id=room.pk, author_user=user, kind="text", body={"text": "hi"})
+    assert (message.room_id, message.seq) == (room.pk, 1)
+    panel = services.panel_create(room_id=room.pk, message=message, kind="mobile.question", ref_id="q1",
+                                  spec={"question_id": "q1", "n": [1, 2]}, state="pending")
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        updated = services.panel_state_set_by_id(panel_id=panel.pk, state="answered")
+    assert len(callbacks) == 1
+    stored = Panel.objects.get(pk=panel.pk)
+    assert stored.state == "answered" and stored.spec == {"question_id": "q1", "n": [1, 2]}
+    assert events.panel_data(updated) == events.panel_data(stored)
+    moved = services.panel_state_set_by_id(panel_id=panel.pk, state="moved_to_desktop",
+                                           spec_update={"reason": "timeout"})
+    assert moved.spec == {"question_id": "q1", "n": [1, 2], "reason": "timeout"}
+    assert Panel.objects.get(pk=panel.pk).spec["reason"] == "timeout"
+    assert services.panel_state_set_by_id(panel_id=panel.pk + 1000, state="answered") is None
