@@ -190,7 +190,16 @@ class Confinement:
                     links += 1
                     if links > MAX_LINKS:
                         return Found(candidate, None, "loop")
-                    target = os.readlink(name, dir_fd=fd)
+                    try:
+                        target = os.readlink(name, dir_fd=fd)
+                    except OSError as exc:  # it changed since the lstat: look again
+                        if exc.errno == errno.ENOENT:
+                            current, missing, fd = candidate, True, _close(fd)
+                        elif exc.errno == errno.EINVAL:
+                            pending.append(name)
+                        else:
+                            raise self._os_error(exc, path) from None
+                        continue
                     pending.extend(part for part in reversed(target.split("/")) if part not in ("", "."))
                     if target.startswith("/"):
                         current = "/"

@@ -208,27 +208,30 @@ def _read_small(dir_fd: int, name: str, cap: int = 1 << 20) -> str:
         return f.read(cap).decode("utf-8", "replace")
 
 
-def link_info(conf: Confinement, dir_fd: int, name: str, link_real: str) -> Dict[str, Any]:
-    """What a listing may say about a link inside the roots, learned without leaving them.
+def link_info(conf: Confinement, dir_fd: int, name: str, link_real: str) -> Optional[Dict[str, Any]]:
+    """What may be said about a link inside the roots, learned without leaving them; None when the
+    link could not be read (it changed meanwhile).
 
-    A link whose resolution leaves the roots is ``{outside: true}`` and nothing more: not its text,
-    not whether or what it reaches. Otherwise: its text (``target``, the link's own content) and
-    ``target_type`` + ``outside: false``, or ``broken`` or ``loop``.
+    Its text is read once, through its directory's descriptor, and that text is what is resolved,
+    so the description always belongs to the text it was read from. A link whose resolution leaves
+    the roots is ``{outside: true}`` and nothing more: not its text, nor whether or what it reaches.
+    Otherwise: its text (``target``, the link's own content) with ``target_type`` + ``outside: false``,
+    or ``broken``, or ``loop``.
     """
     try:
-        found = conf.lookup(link_real)
+        text = os.readlink(name, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        found = conf.lookup(os.path.join(os.path.dirname(link_real), text)) if text else None
     except ProbeError as exc:
         if exc.code == "outside_allowed_roots":
             return {"outside": True}
-        return {"broken": True}
-    out: Dict[str, Any] = {}
-    try:
-        out["target"] = os.readlink(name, dir_fd=dir_fd)
-    except OSError:
-        return {"broken": True}
-    if found.state == "loop":
+        found = None
+    out: Dict[str, Any] = {"target": text}
+    if found is not None and found.state == "loop":
         out["loop"] = True
-    elif found.state == "missing" or found.st is None:
+    elif found is None or found.state == "missing" or found.st is None:
         out["broken"] = True
     else:
         out["target_type"] = "dir" if st_mod.S_ISDIR(found.st.st_mode) else "file"
@@ -253,7 +256,9 @@ def op_read_tree(conf: Confinement, p: Params) -> Dict[str, Any]:
             if entry.size is not None:
                 item["size"] = entry.size
             if entry.kind == "symlink":
-                item.update(link_info(conf, entry.dir_fd, entry.name, os.path.join(real, entry.rel)))
+                item.update(
+                    link_info(conf, entry.dir_fd, entry.name, os.path.join(real, entry.rel)) or {"broken": True}
+                )
             entries.append(item)
     finally:
         os.close(fd)
@@ -290,8 +295,8 @@ def op_stat(conf: Confinement, p: Params) -> Dict[str, Any]:
             link = link_info(conf, dir_fd, os.path.basename(real), real)
         finally:
             os.close(dir_fd)
-        if link.get("outside"):
-            raise outside()
+        if link is None or link.get("outside") or len(os.fsencode(link["target"])) != info.st_size:
+            raise outside()  # it leaves the roots, or it changed since its lstat: refused alike
         out.update(link)
     return out
 
