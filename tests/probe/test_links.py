@@ -308,3 +308,81 @@ def test_a_link_flipping_under_running_ops_never_leaks(probe, world, monkeypatch
         stop.set()
         flipper.join(5)
     assert answers <= {"done", "outside_allowed_roots", "not_found"}, answers
+
+
+# --- git: the repository itself must not be reached by leaving the roots ------------------------
+def git(cwd, *args):
+    env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    command = ["git", "-c", "user.name=T", "-c", "user.email=t@example.com", *args]
+    subprocess.run(command, cwd=cwd, env=env, check=True, capture_output=True)
+
+
+@pytest.fixture
+def outside_repo(world):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = world["outside"] / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text("hello\nworld\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "outside commit")
+    return repo
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda root, repo: os.symlink(repo / ".git", root / ".git"), id="dot-git-link"),
+        pytest.param(lambda root, repo: os.symlink(repo / "missing.git", root / ".git"), id="dot-git-link-missing"),
+        pytest.param(lambda root, repo: (root / ".git").write_text(f"gitdir: {repo / '.git'}\n"), id="gitdir-file"),
+        pytest.param(lambda root, repo: (root / ".git").write_text(f"gitdir: {repo}/nope\n"), id="gitdir-file-missing"),
+    ],
+)
+@pytest.mark.parametrize("op", ["git_log", "git_diff"])
+def test_git_refuses_a_repository_that_lives_outside(readonly, world, outside_repo, make, op):
+    make(world["root"], outside_repo)
+    with pytest.raises(ProbeError) as info:
+        readonly.call(op, {"path": "."})
+    assert (info.value.code, info.value.detail) == REFUSED
+
+
+@pytest.mark.parametrize("what", ["commondir", "alternates"])
+def test_git_refuses_a_repository_that_borrows_from_outside(readonly, world, outside_repo, what):
+    root = world["root"]
+    git(root, "init", "-q")
+    if what == "commondir":
+        (root / ".git" / "commondir").write_text(f"{outside_repo / '.git'}\n")
+    else:
+        (root / ".git" / "objects" / "info" / "alternates").write_text(f"{outside_repo / '.git' / 'objects'}\n")
+    with pytest.raises(ProbeError) as info:
+        readonly.call("git_log", {"path": "."})
+    assert (info.value.code, info.value.detail) == REFUSED
+
+
+def test_git_never_climbs_above_the_root_to_find_a_repository(readonly, world, outside_repo):
+    alone = outcome(readonly, "git_log", ".")
+    git(world["tmp"], "init", "-q")  # the directory holding the root is now a repository: still not used
+    git(world["tmp"], "add", "proj/README.md")
+    git(world["tmp"], "commit", "-q", "-m", "above the root")
+    assert alone[0] == "git_failed" and outcome(readonly, "git_log", ".") == alone
+
+
+def test_git_diff_shows_a_tracked_file_turned_link_as_a_link(readonly, world):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    root = world["root"]
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "first")
+    os.unlink(root / "README.md")
+    os.symlink(world["outside"] / "secret.txt", root / "README.md")
+    diff = readonly.call("git_diff", {"path": "."})["diff"]
+    assert "-hello" in diff and OUTSIDE_TEXT not in diff  # git diffs the link's text, never its target
+
+
+def test_a_rev_cannot_name_a_file_by_its_path(readonly, world):
+    for rev in ("HEAD:../outside/secret.txt", ":/secret", "HEAD:README.md"):
+        with pytest.raises(ProbeError) as info:
+            readonly.call("git_log", {"path": ".", "rev": rev})
+        assert info.value.code == "invalid_argument"

@@ -27,7 +27,7 @@ GIT_CONFIG = [
 ]  # fmt: skip
 # No ":" — "HEAD:path" and ":/text" would name blobs and commits by paths and text, not revisions.
 REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./~^@{}+-]*(\.\.\.?[A-Za-z0-9_][A-Za-z0-9_./~^@{}+-]*)?")
-GITDIR_FILE_MAX = 4096
+GITDIR_FILE_MAX = 64 * 1024
 
 
 def git_env(ceiling: str) -> Dict[str, str]:
@@ -50,39 +50,60 @@ def git_env(ceiling: str) -> Dict[str, str]:
 
 
 def check_repository(conf: Confinement, directory: str) -> None:
-    """Refuse when the repository git would find from ``directory`` is reached by leaving the roots.
+    """Refuse when the repository git would use from ``directory`` is reached by leaving the roots.
 
     git looks for ``.git`` in the directory and each parent up to the root (the ceiling stops it
-    there); the first one it finds is the one checked: a link must resolve inside the roots, a
-    ``gitdir:`` file must name a place inside them. Nothing outside is looked at to decide.
+    there). The first one found is checked like any path: a link must resolve inside the roots, and
+    so must the places a ``gitdir:`` file, ``commondir`` and ``objects/info/alternates`` name (the
+    ways a repository borrows another's files). Nothing outside is looked at to decide.
     """
+    git_dir = _git_dir(conf, directory)
+    if git_dir is None:
+        return  # git will say it is not a repository
+    common = git_dir
+    for line in _lines(conf, os.path.join(git_dir, "commondir"))[:1]:
+        common = conf.lookup(os.path.join(git_dir, line)).real
+    for base in {git_dir, common}:
+        objects = os.path.join(base, "objects")
+        for line in _lines(conf, os.path.join(objects, "info", "alternates")):
+            conf.lookup(os.path.join(objects, line))
+
+
+def _git_dir(conf: Confinement, directory: str) -> Optional[str]:
     root = min((r for r in conf.roots if os.path.commonpath([r, directory]) == r), key=len)
     current = directory
     while True:
         dot_git = os.path.join(current, ".git")
         found = conf.lookup(dot_git, follow=False)
         if found.state == "ok" and found.st is not None:
-            mode = found.st.st_mode
-            if st_mod.S_ISLNK(mode):
-                conf.lookup(dot_git)  # raises outside_allowed_roots when it leaves
-            elif st_mod.S_ISREG(mode):
-                pointer = _gitdir_pointer(conf, dot_git)
-                if pointer is not None:
-                    conf.lookup(os.path.join(current, pointer))
-            return
+            if st_mod.S_ISLNK(found.st.st_mode):
+                return conf.lookup(dot_git).real  # raises outside_allowed_roots when it leaves
+            if st_mod.S_ISREG(found.st.st_mode):
+                for line in _lines(conf, dot_git):
+                    if line.startswith("gitdir:"):
+                        return conf.lookup(os.path.join(current, line[len("gitdir:") :].strip())).real
+                return None
+            return found.real
         if current == root:
-            return
+            return None
         current = os.path.dirname(current)
 
 
-def _gitdir_pointer(conf: Confinement, dot_git: str) -> Optional[str]:
-    fd, _, _ = conf.open_file(dot_git)
+def _lines(conf: Confinement, path: str) -> List[str]:
+    """The meaningful lines of a small file of git's, or none when it does not exist."""
+    if conf.lookup(path).state != "ok":
+        return []
+    fd, _, _ = conf.open_file(path)
     with os.fdopen(fd, "rb") as f:
-        text = f.read(GITDIR_FILE_MAX).decode("utf-8", "replace")
+        text = f.read(GITDIR_FILE_MAX).decode("utf-8", "surrogateescape")
+    lines = []
     for line in text.splitlines():
-        if line.startswith("gitdir:"):
-            return line[len("gitdir:") :].strip() or None
-    return None
+        line = line.strip()
+        if len(line) > 1 and line[0] == line[-1] == '"':
+            line = line[1:-1]
+        if line and not line.startswith("#"):
+            lines.append(line)
+    return lines
 
 
 def run_git(
