@@ -88,6 +88,9 @@ DEVICE_WEB_FIRST_BYTE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_FIRST_BYTE_S
 DEVICE_WEB_IDLE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_IDLE_SEC", "300"))
 DEVICE_WEB_MAX_REQUEST_BYTES = int(os.environ.get("AI1NET_DEVICE_WEB_MAX_REQUEST_BYTES", str(64 * 1024 * 1024)))
 DEVICE_WEB_WS_BUFFER_BYTES = 4 * 1024 * 1024  # browser frames waiting for the device's credit
+# A device-web request served by the process that holds the device's tunnel skips the channel layer
+# (devices.web.streams.LocalLink); 0 sends every stream through the layer (tests of that path).
+DEVICE_WEB_IN_PROCESS = env_bool("AI1NET_DEVICE_WEB_IN_PROCESS", True)
 
 INSTALLED_APPS = [
     "daphne",

@@ -312,7 +312,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
                 rows += rows_for(f"{config} (cross-process)", cross, straight, args.mb,
                                  "request on the other daphne: frames cross through Redis")
             if args.hold:
-                print(f"holding ({world.pids()}); tunnel {tunnel.base_url}; Ctrl-C to end", flush=True)
+                print(f"holding ({world.pids()}); tunnel {tunnel.base_url} as {world.username}; Ctrl-C to end", flush=True)
                 with contextlib.suppress(KeyboardInterrupt):
                     while True:
                         time.sleep(3600)

@@ -12,7 +12,7 @@ Every WebSocket text frame is one JSON-RPC 2.0 message:
 """
 
 import json
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 PROTOCOL_VERSION = 1
 TUNNEL_PATH = "/ws/device"
@@ -159,6 +159,16 @@ def _dump(message: Message) -> str:
 #   WebSocket: platform -> device web.ws_open {stream, port, path, query, headers, subprotocols};
 #   device -> platform web.ws_accept {stream, subprotocol}; both ways web.ws_frame {stream, seq, text}
 #   or {stream, seq, data: base64} and web.ws_close {stream, code, reason}.
+# Binary data frames (capability WEB_BINARY_CAPABILITY). A device that lists it in hello takes and sends
+# the body bytes of web.data and the binary messages of web.ws_frame as WebSocket *binary* frames instead of
+# base64 in JSON text: no base64, no JSON, no UTF-8 check of a text frame, on either end. Layout:
+#   kind (1 byte: WEB_BIN_DATA | WEB_BIN_WS) | n = len(stream) (1 byte) | stream (n ASCII bytes)
+#   | seq (4 bytes, big-endian) | payload (the raw bytes)
+# Each stream decides at web.open / web.ws_open: the platform adds "binary": true only for a device that
+# declared the capability, and then both ends of that stream use binary frames for its data, chunks up to
+# WEB_BIN_CHUNK_BYTES and a window of WEB_BIN_WINDOW_BYTES. A stream opened without the flag (an older
+# platform), or by a device without the capability (an older bridge), stays on the text frames and the
+# smaller window below: both generations keep working together, no version bump.
 # Flow control: each side may have at most WEB_WINDOW_BYTES of a stream's data in flight; a frame
 # costs web_frame_cost(len(payload)) and the receiver returns credit as it hands data on. A slow
 # reader therefore stalls only its own stream, and no stream has more than WEB_WINDOW_BYTES /
@@ -178,11 +188,16 @@ WEB_PORT_MIN = 20000
 WEB_PORT_MAX = 20999
 WEB_CHUNK_BYTES = 256 * 1024  # raw bytes per web.data (base64 makes the frame ~350 KB)
 WEB_WINDOW_BYTES = 2 * 1024 * 1024
-WEB_MIN_FRAME_COST = 32 * 1024  # so a stream of tiny frames (SSE) has at most 64 in flight
+WEB_MIN_FRAME_COST = WEB_WINDOW_BYTES // 64  # so a stream of tiny frames (SSE) has at most 64 in flight
 # Larger WebSocket messages close the socket (4009). At most half the window (a receiver returns credit
 # in quarter-window batches, so a sender waiting for room for one more frame always gets it), and small
 # enough that its base64 frame stays under daphne's default WebSocket message limit (1 MiB).
 WEB_WS_MAX_MESSAGE = 512 * 1024
+WEB_BINARY_CAPABILITY = "web.binary"
+WEB_BIN_DATA = 1  # web.data {stream, seq, data}
+WEB_BIN_WS = 2  # web.ws_frame {stream, seq, data} (a binary WebSocket message; text ones stay JSON)
+WEB_BIN_CHUNK_BYTES = 1024 * 1024  # raw bytes per binary web.data (a frame is this + at most 106 bytes)
+WEB_BIN_WINDOW_BYTES = 8 * 1024 * 1024  # a binary stream's window, each way
 WEB_MAX_HEAD_BYTES = 64 * 1024  # request or response line + headers
 WEB_MAX_HEADERS = 100
 
@@ -200,6 +215,39 @@ def web_port_allowed(port: Any) -> bool:
     return isinstance(port, int) and not isinstance(port, bool) and WEB_PORT_MIN <= port <= WEB_PORT_MAX
 
 
-def web_frame_cost(size: int) -> int:
-    """Credit one data or WebSocket frame of ``size`` payload bytes uses (same rule on both sides)."""
-    return max(int(size), WEB_MIN_FRAME_COST)
+def web_frame_cost(size: int, window: int = WEB_WINDOW_BYTES) -> int:
+    """Credit one data or WebSocket frame of ``size`` payload bytes uses on a stream with ``window`` (same
+    rule on both sides): at least 1/64 of the window, so at most 64 frames of a stream are in flight."""
+    return max(int(size), window // 64)
+
+
+def web_window(binary: bool) -> int:
+    """A stream's flow-control window, each way (binary streams get the larger one)."""
+    return WEB_BIN_WINDOW_BYTES if binary else WEB_WINDOW_BYTES
+
+
+def web_chunk(binary: bool) -> int:
+    """The largest data payload one frame of a stream carries."""
+    return WEB_BIN_CHUNK_BYTES if binary else WEB_CHUNK_BYTES
+
+
+def web_binary(kind: int, stream: str, seq: int, payload: Union[bytes, bytearray, memoryview]) -> bytes:
+    """One binary data frame (layout above)."""
+    sid = stream.encode("ascii")
+    if not 0 < len(sid) < 256 or not 0 <= seq < 2 ** 32:
+        raise ValueError("a stream id of 1-255 ASCII bytes and a seq below 2**32")
+    return b"".join((bytes((kind, len(sid))), sid, seq.to_bytes(4, "big"), payload))
+
+
+def parse_web_binary(frame: Union[bytes, bytearray, memoryview]) -> Tuple[int, str, int, bytes]:
+    """(kind, stream, seq, payload) of a binary data frame; ProtocolError(INVALID_REQUEST) when malformed."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(INVALID_REQUEST, f"frame larger than {MAX_FRAME_BYTES} bytes")
+    if len(frame) < 7 or frame[0] not in (WEB_BIN_DATA, WEB_BIN_WS) or not frame[1] or len(frame) < 6 + frame[1]:
+        raise ProtocolError(INVALID_REQUEST, "binary frames are web data frames only (see clients/protocol.py)")
+    end = 2 + frame[1]
+    try:
+        stream = bytes(frame[2:end]).decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError(INVALID_REQUEST, "a binary frame's stream id must be ASCII") from None
+    return frame[0], stream, int.from_bytes(frame[end:end + 4], "big"), bytes(frame[end + 4:])

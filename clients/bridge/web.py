@@ -5,7 +5,9 @@ loopback address: a ``web.open`` for anything else is refused here and written t
 if the platform asked for it. HTTP goes over a plain HTTP/1.1 connection per request (Content-Length,
 chunked or read-to-close bodies); WebSocket upgrades use the ``websockets`` client. Bodies move in
 chunks of at most WEB_CHUNK_BYTES under the credit window of clients/protocol.py, so memory per
-stream stays bounded whatever the body size, and a slow browser stalls only its own stream.
+stream stays bounded whatever the body size, and a slow browser stalls only its own stream. A stream
+the platform opens with ``"binary": true`` moves its data as binary frames (raw bytes, no base64 or
+JSON) in chunks of WEB_BIN_CHUNK_BYTES under the larger WEB_BIN_WINDOW_BYTES.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f#]")
 
 Notify = Callable[[str, Dict[str, Any], int], Awaitable[bool]]
+SendBinary = Callable[[bytes, int], Awaitable[bool]]
 
 
 class StreamError(Exception):
@@ -92,9 +95,10 @@ class WebForwarder:
     ``web.*`` notification (it never blocks); each stream runs in its own task."""
 
     def __init__(self, ports: Iterable[int], notify: Notify, generation: Callable[[], int],
-                 audit: Optional[Any] = None) -> None:
+                 audit: Optional[Any] = None, binary: Optional[SendBinary] = None) -> None:
         self.ports: Set[int] = {p for p in ports if protocol.web_port_allowed(p)}
         self._notify = notify
+        self.send_binary = binary  # None: this tunnel sends text frames only
         self.generation = generation
         self.audit = audit
         self.streams: Dict[str, _Stream] = {}
@@ -117,6 +121,18 @@ class WebForwarder:
         if stream is not None:
             stream.deliver(method, params)
         # else: a late frame of a stream that already ended
+
+    def handle_binary(self, frame: bytes) -> None:
+        """A binary data frame from the platform (called by the tunnel's reader; never blocks)."""
+        try:
+            kind, stream_id, seq, payload = protocol.parse_web_binary(frame)
+        except protocol.ProtocolError as exc:
+            log.warning("ignoring a binary frame: %s", exc.message)
+            return
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            method = protocol.WEB_DATA if kind == protocol.WEB_BIN_DATA else protocol.WEB_WS_FRAME
+            stream.deliver(method, {"stream": stream_id, "seq": seq, "raw": payload})
 
     async def notify(self, method: str, params: Dict[str, Any], generation: int) -> bool:
         return await self._notify(method, params, generation)
@@ -147,7 +163,10 @@ class _Stream:
         self.task: Optional[asyncio.Future] = None
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.inbox_cost = 0  # credit the platform has used and we have not returned yet
-        self.credit = protocol.WEB_WINDOW_BYTES  # what we may still send
+        self.binary = params.get("binary") is True and forwarder.send_binary is not None
+        self.window = protocol.web_window(self.binary)
+        self.chunk = protocol.web_chunk(self.binary)
+        self.credit = self.window  # what we may still send
         self.credit_changed = asyncio.Event()
         self.send_seq = 0
         self.recv_seq = 0
@@ -159,8 +178,8 @@ class _Stream:
     def deliver(self, method: str, params: Dict[str, Any]) -> None:
         if method == protocol.WEB_CREDIT:
             amount = params.get("bytes")
-            if isinstance(amount, int) and not isinstance(amount, bool) and 0 < amount <= protocol.WEB_WINDOW_BYTES:
-                self.credit = min(self.credit + amount, protocol.WEB_WINDOW_BYTES)
+            if isinstance(amount, int) and not isinstance(amount, bool) and 0 < amount <= self.window:
+                self.credit = min(self.credit + amount, self.window)
                 self.credit_changed.set()
             return
         if method == protocol.WEB_RESET:
@@ -170,10 +189,15 @@ class _Stream:
             return
         estimate = 0
         if method in (protocol.WEB_DATA, protocol.WEB_WS_FRAME):
-            payload = params.get("data") or params.get("text") or ""
-            estimate = protocol.web_frame_cost(len(payload) * 3 // 4 if isinstance(payload, str) else 0)
+            raw = params.get("raw")
+            if isinstance(raw, bytes):
+                estimate = protocol.web_frame_cost(len(raw), self.window)
+            else:
+                payload = params.get("data") or params.get("text") or ""
+                size = len(payload) * 3 // 4 if isinstance(payload, str) else 0
+                estimate = protocol.web_frame_cost(size, self.window)
             self.inbox_cost += estimate
-            if self.inbox_cost > protocol.WEB_WINDOW_BYTES + protocol.WEB_CHUNK_BYTES:
+            if self.inbox_cost > self.window + self.chunk:
                 self.inbox.put_nowait(("overflow", {}, 0))
                 return
         self.inbox.put_nowait((method, params, estimate))
@@ -215,6 +239,8 @@ class _Stream:
 
     @staticmethod
     def decode(params: Dict[str, Any]) -> bytes:
+        if isinstance(params.get("raw"), bytes):
+            return params["raw"]
         try:
             return base64.b64decode(params.get("data") or "", validate=True)
         except (ValueError, TypeError):
@@ -222,21 +248,27 @@ class _Stream:
 
     async def consumed(self, size: int) -> None:
         """We handed ``size`` bytes on: return the credit in batches of a quarter window."""
-        self.unreturned += protocol.web_frame_cost(size)
-        if self.unreturned >= protocol.WEB_WINDOW_BYTES // 4:
+        self.unreturned += protocol.web_frame_cost(size, self.window)
+        if self.unreturned >= self.window // 4:
             amount, self.unreturned = self.unreturned, 0
             await self.send(protocol.WEB_CREDIT, {"bytes": amount})
 
     async def take_credit(self, size: int) -> None:
-        cost = protocol.web_frame_cost(size)
+        cost = protocol.web_frame_cost(size, self.window)
         while self.credit < cost:
             self.credit_changed.clear()
             await self._wait(self.credit_changed.wait, "credit from the platform")
         self.credit -= cost
 
-    async def send_data(self, data: bytes) -> None:
+    async def send_data(self, data: bytes, kind: int = protocol.WEB_BIN_DATA) -> None:
         await self.take_credit(len(data))
-        await self.send(protocol.WEB_DATA, {"seq": self.send_seq, "data": base64.b64encode(data).decode("ascii")})
+        if self.binary:
+            assert self.fw.send_binary is not None
+            if not await self.fw.send_binary(protocol.web_binary(kind, self.id, self.send_seq, data), self.generation):
+                raise _Gone()
+        else:
+            method = protocol.WEB_DATA if kind == protocol.WEB_BIN_DATA else protocol.WEB_WS_FRAME
+            await self.send(method, {"seq": self.send_seq, "data": base64.b64encode(data).decode("ascii")})
         self.send_seq += 1
 
     def port(self) -> int:
@@ -283,7 +315,9 @@ class HttpStream(_Stream):
         length = _content_length(self.params.get("headers") or [])
         has_body = bool(self.params.get("body"))
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), CONNECT_TIMEOUT)
+            # The reader's buffer holds up to two chunks: a fast local server fills whole frames.
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port, limit=self.chunk),
+                                                    CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             raise StreamError(protocol.WEB_RESET_UNREACHABLE,
                               f"nothing answers on {LOOPBACK}:{port} ({exc.__class__.__name__})") from None
@@ -393,7 +427,7 @@ class HttpStream(_Stream):
             return
         if kind == "length":
             while remaining > 0:
-                data = await self._read(reader, min(remaining, protocol.WEB_CHUNK_BYTES))
+                data = await self._read(reader, min(remaining, self.chunk))
                 if not data:
                     raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended the body early")
                 remaining -= len(data)
@@ -401,7 +435,7 @@ class HttpStream(_Stream):
             return
         if kind == "close":
             while True:
-                data = await self._read(reader, protocol.WEB_CHUNK_BYTES)
+                data = await self._read(reader, self.chunk)
                 if not data:
                     return
                 await self.send_data(data)
@@ -417,7 +451,7 @@ class HttpStream(_Stream):
                     pass  # trailers are dropped
                 return
             while size > 0:
-                data = await self._read(reader, min(size, protocol.WEB_CHUNK_BYTES))
+                data = await self._read(reader, min(size, self.chunk))
                 if not data:
                     raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended a chunk early")
                 size -= len(data)
@@ -514,14 +548,11 @@ class WsStream(_Stream):
         try:
             while True:
                 message = await ws.recv()
-                if isinstance(message, str):
-                    size = len(message.encode("utf-8"))
-                    body: Dict[str, Any] = {"text": message}
-                else:
-                    size = len(message)
-                    body = {"data": base64.b64encode(message).decode("ascii")}
-                await self.take_credit(size)
-                await self.send(protocol.WEB_WS_FRAME, dict(body, seq=self.send_seq))
+                if not isinstance(message, str):
+                    await self.send_data(message, protocol.WEB_BIN_WS)
+                    continue
+                await self.take_credit(len(message.encode("utf-8")))
+                await self.send(protocol.WEB_WS_FRAME, {"text": message, "seq": self.send_seq})
                 self.send_seq += 1
         except closed:
             code = ws.close_code if ws.close_code is not None else 1006
@@ -543,7 +574,9 @@ def install(core: Any) -> None:
             lambda method, params, generation: tunnel.notify(method, params, generation=generation),
             lambda: tunnel.sessions,
             audit,
+            binary=lambda frame, generation: tunnel.send_binary(frame, generation=generation),
         )
+        tunnel.on_binary = daemon.web.handle_binary
         if daemon.web.ports:
             log.info("device web: exposing %s on %s", ", ".join(map(str, sorted(daemon.web.ports))), LOOPBACK)
 
@@ -560,6 +593,7 @@ def install(core: Any) -> None:
                    protocol.WEB_WS_OPEN, protocol.WEB_WS_FRAME, protocol.WEB_WS_CLOSE):
         core.register_notification(method, handler(method))
     core.add_capability("device_web")
+    core.add_capability(protocol.WEB_BINARY_CAPABILITY)
 
 
 def _install() -> None:

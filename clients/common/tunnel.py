@@ -134,6 +134,8 @@ class Tunnel:
         self.on_deliver = on_deliver
         self.on_request = on_request
         self.on_notification = on_notification  # other platform notifications (device web streams)
+        # Binary frames from the platform (device web data, clients/protocol.py); sync, must not block.
+        self.on_binary: Optional[Callable[[bytes], None]] = None
         self.heartbeat_sec = heartbeat_sec  # overrides the platform's heartbeatSec when set
         if backoff_base is None:
             backoff_base = _env_float("AI1NET_BACKOFF_BASE", BACKOFF_BASE)
@@ -243,6 +245,17 @@ class Tunnel:
             return False
         return True
 
+    async def send_binary(self, frame: bytes, *, generation: Optional[int] = None) -> bool:
+        """Send one binary frame now (device web data); False as for ``notify``."""
+        ws = self._session_ws
+        if ws is None or (generation is not None and generation != self.sessions):
+            return False
+        try:
+            await ws.send(frame)
+        except ConnectionClosed:
+            return False
+        return True
+
     # --- one connection --------------------------------------------------------------------
     async def _connect_once(self) -> Tuple[bool, Optional[int]]:
         headers = {"Authorization": f"Bearer {self._token}", "User-Agent": self.user_agent}
@@ -338,6 +351,12 @@ class Tunnel:
         try:
             async for text in ws:
                 self._last_rx = loop.time()
+                if isinstance(text, bytes) and self.on_binary is not None:
+                    try:
+                        self.on_binary(text)
+                    except Exception:
+                        log.exception("handling a binary frame failed")
+                    continue
                 try:
                     message = protocol.parse(text)
                 except protocol.ProtocolError as exc:

@@ -10,6 +10,10 @@
 3. the device active (revoked -> 403) and a desktop bridge (a probe -> 403);
 4. the device online over its WebSocket tunnel (offline, or long polling -> 503) with that port
    declared in its hello (else 502).
+
+Per request this is one query in the common case: the device, scoped to its owner, with whether the
+owner has two-factor (``_device_row``); the session's OTP verification is read only for users who have
+it, and a device that is not found falls back to the plain checks for the exact refusal.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db.models import Exists, OuterRef
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from ai1net import hosts
+from ai1net.accounts.models import BackupCodeDevice
 from ai1net.accounts.selectors import device_web_active, otp_session_ok
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
@@ -59,11 +67,14 @@ def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = Non
         raise DeviceWebElsewhere()
     if user is None or not getattr(user, "is_authenticated", False):
         raise NotAuthenticated("Log in to reach your devices.")
-    if session is not None and not otp_session_ok(user, session):
+    device = _device_row(user, device_id)
+    needs_otp = device is None or device.owner_needs_otp  # not found: otp_session_ok reads it itself
+    if session is not None and needs_otp and not otp_session_ok(user, session):
         raise NotAuthenticated("Enter your two-factor code first.", code="otp_required")
     if not device_web_active(user):
         raise NotFound("No such device.")
-    device = access_device(user=user, device_id=device_id)
+    if device is None:
+        device = access_device(user=user, device_id=device_id)  # raises the 404 access_device gives
     if device.status != Device.Status.ACTIVE:
         raise Forbidden(f"{device.name} was revoked; pair it again.", code="device_revoked")
     if device.kind != Device.Kind.BRIDGE:
@@ -80,6 +91,18 @@ def check_device_web(user: Any, device_id: Any, port: Any, *, session: Any = Non
             f"`ai1net-bridge run --expose {port}` (ports {protocol.WEB_PORT_MIN}-{protocol.WEB_PORT_MAX})."
         )
     return device
+
+
+def _device_row(user: Any, device_id: Any) -> Device | None:
+    """The user's device ``device_id`` annotated with ``owner_needs_otp`` (the rule of
+    ai1net.accounts.selectors.user_needs_otp), in one query; None when there is no such device of theirs."""
+    totp = TOTPDevice.objects.filter(user=OuterRef("owner_id"), confirmed=True)
+    backup = BackupCodeDevice.objects.filter(user=OuterRef("owner_id"), confirmed=True, codes__isnull=False)
+    try:
+        return (Device.objects.filter(owner=user, pk=device_id)
+                .annotate(owner_needs_otp=Exists(totp) | Exists(backup)).first())
+    except (ValueError, TypeError, ValidationError):
+        return None
 
 
 def _port(value: Any) -> int | None:

@@ -21,10 +21,11 @@ import functools
 import logging
 from typing import Any
 
-from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
+from channels.sessions import SessionMiddlewareStack
 from django.conf import settings
+from django.contrib import auth
+from django.contrib.auth.models import AnonymousUser
 
 from ai1net.exceptions import ApplicationError, PayloadTooLarge
 from clients import protocol
@@ -74,6 +75,16 @@ class Writable:
             except Exception:
                 logger.debug("unregistering the producer failed", exc_info=True)
 
+    def no_delay(self) -> None:
+        """Send each write at once (TCP_NODELAY): the response head, a small body and its end are separate
+        writes, and with Nagle's algorithm the second waits for the browser's delayed ACK (~40 ms)."""
+        transport = getattr(getattr(self.request, "channel", None), "transport", None)
+        if transport is not None and hasattr(transport, "setTcpNoDelay"):
+            try:
+                transport.setTcpNoDelay(True)
+            except OSError:
+                logger.debug("no TCP_NODELAY on %r", transport, exc_info=True)
+
     def abort(self) -> None:
         """Drop the browser's connection: a response that broke mid-way must not look complete."""
         transport = getattr(getattr(self.request, "channel", None), "transport", None)
@@ -99,9 +110,7 @@ class DeviceWebHttp:
         kwargs = scope.get("url_route", {}).get("kwargs", {})
         device_id, port = kwargs.get("device_id"), kwargs.get("port")
         try:
-            device = await database_sync_to_async(check_device_web)(
-                scope.get("user"), device_id, port, session=scope.get("session"),
-                host=streams.header_value(scope, b"host"))
+            device = await database_sync_to_async(_gates)(scope, device_id, port)
             length = streams.header_value(scope, b"content-length")
             if length.isdigit() and int(length) > settings.DEVICE_WEB_MAX_REQUEST_BYTES:
                 raise PayloadTooLarge(f"Request bodies through device web are capped at "
@@ -120,6 +129,24 @@ class DeviceWebHttp:
         await HttpStream(scope, receive, send, device, int(port)).run()
 
 
+class _SessionOnly:
+    """What ``django.contrib.auth.get_user`` reads of a request: its session."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+
+def _gates(scope: dict[str, Any], device_id: Any, port: Any) -> Any:
+    """The session's user, resolved as AuthMiddleware would (``django.contrib.auth.get_user``: backend,
+    session hash), and the four gates, in one trip to the database thread instead of two."""
+    session = scope.get("session")
+    user = scope.get("user")
+    if user is None:
+        user = auth.get_user(_SessionOnly(session)) if session is not None else AnonymousUser()
+        scope["user"] = user
+    return check_device_web(user, device_id, port, session=session, host=streams.header_value(scope, b"host"))
+
+
 async def _respond_error(send: Any, exc: ApplicationError, scope: dict[str, Any]) -> None:
     status, headers, body = streams.error_response(exc, scope)
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -132,19 +159,16 @@ class HttpStream:
         self.device, self.port = device, port
         self.first_byte_sec = settings.DEVICE_WEB_FIRST_BYTE_SEC
         self.idle_sec = settings.DEVICE_WEB_IDLE_SEC
-        self.credit = streams.Credit()
-        self.receipts = streams.Receipts()
         self.started = False
         self.finished = False
         self.writable: Writable | None = None
         self.tunnel_closed = False  # the tunnel connection ended: it sends nothing more on our channel
+        self.device_done = False  # the device said its last word (web.end / web.reset): the tunnel forgot us
 
     async def run(self) -> None:
-        layer = get_channel_layer()
-        # No custom prefix: channels-redis reads every process-local channel from one list per prefix.
-        reply = await layer.new_channel()
-        self.link = streams.TunnelLink(layer, self.device.channel_name, reply)
-        self.layer, self.reply = layer, reply
+        self.link = await streams.link_to(self.device)
+        self.credit = streams.Credit(self.link.window)
+        self.receipts = streams.Receipts(self.link.window)
         prefix = streams.prefix_of(self.device.pk, self.port)
         path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
         length = streams.header_value(self.scope, b"content-length").strip()
@@ -153,8 +177,7 @@ class HttpStream:
         uploader: asyncio.Task | None = None
         reset: str | None = protocol.WEB_RESET_CANCELLED
         try:
-            await self.link.open()
-            await self.link.frame(protocol.WEB_OPEN, {
+            await self.link.open(protocol.WEB_OPEN, {
                 "port": self.port, "method": self.scope["method"], "path": path,
                 "query": (self.scope.get("query_string") or b"").decode("latin-1"),
                 "headers": streams.forward_headers(self.scope, prefix), "body": has_body,
@@ -188,7 +211,7 @@ class HttpStream:
                 await asyncio.gather(uploader, return_exceptions=True)
             if self.writable is not None:
                 self.writable.close()
-            if not self.tunnel_closed:
+            if not self.tunnel_closed and not self.device_done:
                 await self.link.close(reset, drain=True)
 
     def _abort(self) -> None:
@@ -213,14 +236,15 @@ class HttpStream:
                 raise PayloadTooLarge(f"Request bodies through device web are capped at {cap} bytes.")
             buffer += body
             more = message.get("more_body", False)
-            while len(buffer) >= protocol.WEB_CHUNK_BYTES or (buffer and not more):
-                piece = bytes(buffer[: protocol.WEB_CHUNK_BYTES])
-                del buffer[: protocol.WEB_CHUNK_BYTES]
+            chunk = self.link.chunk
+            while len(buffer) >= chunk or (buffer and not more):
+                piece = bytes(buffer[:chunk])
+                del buffer[:chunk]
                 try:
                     await self.credit.take(len(piece), self.idle_sec)
                 except TimeoutError:
                     raise DeviceTimeout("The device stopped taking the request body.") from None
-                await self.link.frame(protocol.WEB_DATA, {"seq": seq, "data": base64.b64encode(piece).decode()})
+                await self.link.data(seq, piece)
                 seq += 1
             if not more:
                 await self.link.frame(protocol.WEB_END, {})
@@ -232,7 +256,7 @@ class HttpStream:
         while True:
             timeout = self.idle_sec if self.started else self.first_byte_sec
             try:
-                message = await asyncio.wait_for(self.layer.receive(self.reply), timeout)
+                message = await asyncio.wait_for(self.link.receive(), timeout)
             except TimeoutError:
                 raise DeviceTimeout(f"The device did not answer within {timeout:g} s.") from None
             if message.get("type") == "device.stream.closed":
@@ -250,13 +274,15 @@ class HttpStream:
                 if params.get("seq") != expected:
                     raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "a frame was lost"})
                 expected += 1
-                await self._body(params.get("data"))
+                await self._body(params)
             elif method == protocol.WEB_END and self.started:
+                self.device_done = True
                 self.writable.close()  # before the last write: Twisted finishes the request on it
                 await self.send({"type": "http.response.body", "body": b"", "more_body": False})
                 self.finished = True
                 return
             elif method == protocol.WEB_RESET:
+                self.device_done = True
                 raise streams.reset_error(params)
             else:
                 raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
@@ -271,14 +297,17 @@ class HttpStream:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         self.started = True
         self.writable = Writable(self.scope.get(TWISTED_REQUEST))
+        self.writable.no_delay()
         await self.send({"type": "http.response.body", "body": b"", "more_body": True})  # headers out now (SSE)
 
-    async def _body(self, data: Any) -> None:
-        try:
-            chunk = base64.b64decode(data or "", validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
-                                       "detail": "the device sent data that is not base64"}) from None
+    async def _body(self, params: dict[str, Any]) -> None:
+        chunk = params.get("raw")  # a binary frame's bytes
+        if not isinstance(chunk, bytes):
+            try:
+                chunk = base64.b64decode(params.get("data") or "", validate=True)
+            except (binascii.Error, ValueError, TypeError):
+                raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
+                                           "detail": "the device sent data that is not base64"}) from None
         if not self.receipts.received(len(chunk)):
             raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
         await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -292,5 +321,6 @@ class HttpStream:
 
 
 def http_application() -> Any:
-    """The ASGI app for ``http_urlpatterns``: session user in ``scope["user"]``, Twisted request kept."""
-    return with_twisted_request(AuthMiddlewareStack(DeviceWebHttp()))
+    """The ASGI app for ``http_urlpatterns``: the session in ``scope["session"]`` (the user is resolved with
+    the gates, ``_gates``), Twisted request kept."""
+    return with_twisted_request(SessionMiddlewareStack(DeviceWebHttp()))

@@ -5,11 +5,20 @@ Frames to the device go straight to the channel of its live tunnel connection (`
 with ``layer.send``: unlike ``group_send``, a full channel raises instead of dropping, so we wait and
 retry. Frames from the device reach our own channel through the tunnel consumer's stream table
 (``device.stream_open``; see devices/consumers.py).
+
+When the device's tunnel lives in this very process (always in the embedded setup; with several daphne
+processes, when the request lands on the one the device dialled), an HTTP stream takes ``LocalLink``
+instead: the same messages, handed to the tunnel consumer's handlers and back through an in-memory
+queue, never through the channel layer (whose every message costs a copy, and with Redis a round trip
+and ~2.6 ms of CPU). Streams of a device with the ``web.binary`` capability move their data as binary
+frames (clients/protocol.py) and use the larger binary window.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import collections
 import html
 import json
 import re
@@ -18,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.shortcuts import resolve_url
 
@@ -47,14 +57,18 @@ class LinkLost(Exception):
 
 
 class TunnelLink:
-    """One stream's way to the device: frames out via the tunnel consumer's channel."""
+    """One stream's way to the device: frames out via the tunnel consumer's channel, frames back on our
+    own reply channel. ``binary``: the device takes binary data frames (and the larger window)."""
 
-    def __init__(self, layer: Any, tunnel_channel: str, reply_channel: str) -> None:
+    def __init__(self, layer: Any, tunnel_channel: str, reply_channel: Any, *, binary: bool = False) -> None:
         self.layer = layer
         self.tunnel = tunnel_channel
         self.reply = reply_channel
         self.stream = secrets.token_urlsafe(18)
         self.opened = False
+        self.binary = binary
+        self.window = protocol.web_window(binary)
+        self.chunk = protocol.web_chunk(binary)
 
     async def _send(self, message: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -70,13 +84,32 @@ class TunnelLink:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
-    async def open(self) -> None:
-        await self._send({"type": "device.stream_open", "stream": self.stream, "reply_channel": self.reply})
+    async def open(self, method: str | None = None, params: dict[str, Any] | None = None) -> None:
+        """Register the stream on the tunnel and, in the same message, send its first frame (web.open)."""
+        message: dict[str, Any] = {"type": "device.stream_open", "stream": self.stream, "reply_channel": self.reply}
+        if method is not None:
+            if self.binary:
+                params = dict(params or {}, binary=True)
+            message["frame"] = protocol.notification(method, dict(params or {}, stream=self.stream))
+        await self._send(message)
         self.opened = True
 
     async def frame(self, method: str, params: dict[str, Any]) -> None:
         await self._send({"type": "device.forward",
                           "frame": protocol.notification(method, dict(params, stream=self.stream))})
+
+    async def data(self, seq: int, payload: bytes, kind: int = protocol.WEB_BIN_DATA) -> None:
+        """One chunk of body (or one binary WebSocket message): a binary frame, or base64 in JSON text."""
+        if self.binary:
+            await self._send({"type": "device.forward", "bytes": protocol.web_binary(kind, self.stream, seq, payload)})
+            return
+        method = protocol.WEB_DATA if kind == protocol.WEB_BIN_DATA else protocol.WEB_WS_FRAME
+        await self.frame(method, {"seq": seq, "data": base64.b64encode(payload).decode("ascii")})
+
+    async def receive(self) -> dict[str, Any]:
+        """The next message for this stream: ``{"type": "device.stream", "stream", "frame"}`` or
+        ``{"type": "device.stream.closed", "stream"}``."""
+        return await self.layer.receive(self.reply)
 
     async def close(self, reset_reason: str | None = None, *, drain: bool = False) -> None:
         """Forget the stream on the tunnel; with a reason, tell the device to abort it first. With
@@ -88,36 +121,115 @@ class TunnelLink:
         try:
             if reset_reason:
                 await self.frame(protocol.WEB_RESET, {"reason": reset_reason, "detail": ""})
-            await self._send({"type": "device.stream_close", "stream": self.stream, "ack": drain})
+            await self._send({"type": "device.stream_close", "stream": self.stream, "ack": drain,
+                              "reply_channel": self.reply})
         except LinkLost:
             return
         if drain:
             try:
                 async with asyncio.timeout(DRAIN_SEC):
                     while True:
-                        message = await self.layer.receive(self.reply)
+                        message = await self.receive()
                         if message.get("type") == "device.stream.closed":
                             return
             except TimeoutError:
                 pass
 
 
+class LocalLink(TunnelLink):
+    """A stream whose device tunnel is a consumer in this process: the same messages, handed to the
+    consumer's handlers directly, and the consumer hands the device's frames to ``put`` (no channel
+    layer, no copy). The queue is bounded like a channel: a device that sends past its credit gets the
+    stream reset, never our memory filled."""
+
+    def __init__(self, tunnel: Any, *, binary: bool = False) -> None:
+        super().__init__(None, tunnel.channel_name, self, binary=binary)
+        self.consumer = tunnel
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.ready = asyncio.Event()
+        self.queued = 0  # credit cost of the data frames in the queue
+        self.overflow = False
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.consumer.closing:
+            raise LinkLost("the device's tunnel closed")
+        handler = getattr(self.consumer, message["type"].replace(".", "_"))
+        await handler(message)
+
+    def put(self, message: dict[str, Any]) -> None:
+        """Called by the tunnel consumer (sync, on the event loop) for every message of this stream."""
+        if self.overflow:
+            return
+        params = (message.get("frame") or {}).get("params") or {}
+        raw, text = params.get("raw"), params.get("data")
+        size = len(raw) if isinstance(raw, bytes) else len(text) * 3 // 4 if isinstance(text, str) else -1
+        if size >= 0:
+            message["cost"] = cost = protocol.web_frame_cost(size, self.window)
+            self.queued += cost
+            if self.queued > self.window + self.chunk:
+                self.overflow = True
+                self.queue.clear()
+                message = {"type": "device.stream", "stream": self.stream, "frame": {
+                    "method": protocol.WEB_RESET,
+                    "params": {"reason": protocol.WEB_RESET_FLOW, "detail": "the device sent more than its credit"}}}
+        self.queue.append(message)
+        self.ready.set()
+
+    async def receive(self) -> dict[str, Any]:
+        while not self.queue:
+            self.ready.clear()
+            await self.ready.wait()
+        message = self.queue.popleft()
+        self.queued -= message.get("cost", 0)
+        return message
+
+    async def close(self, reset_reason: str | None = None, *, drain: bool = False) -> None:
+        if not self.opened:
+            return
+        self.opened = False
+        self.consumer.streams.pop(self.stream, None)
+        if reset_reason and not self.consumer.closing:
+            try:
+                await self.frame(protocol.WEB_RESET, {"reason": reset_reason, "detail": ""})
+            except LinkLost:
+                pass
+        self.queue.clear()
+
+
+async def link_to(device: Any) -> TunnelLink:
+    """One HTTP stream's way to ``device``'s live tunnel: in-process when the tunnel consumer runs here
+    (``DEVICE_WEB_IN_PROCESS``, on by default), else through the channel layer."""
+    from devices.consumers import local_tunnel
+
+    binary = protocol.WEB_BINARY_CAPABILITY in (device.capabilities or [])
+    tunnel = local_tunnel(device.channel_name) if settings.DEVICE_WEB_IN_PROCESS else None
+    if tunnel is not None:
+        return LocalLink(tunnel, binary=binary)
+    layer = get_channel_layer()
+    # No custom prefix: channels-redis reads every process-local channel from one list per prefix.
+    return TunnelLink(layer, device.channel_name, await layer.new_channel(), binary=binary)
+
+
 class Credit:
     """What we may still send on one stream (the device returns credit as it hands data on)."""
 
-    def __init__(self) -> None:
-        self.available = protocol.WEB_WINDOW_BYTES
+    def __init__(self, window: int = protocol.WEB_WINDOW_BYTES) -> None:
+        self.window = window
+        self.available = window
         self.changed = asyncio.Event()
 
     def add(self, amount: Any) -> bool:
-        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 < amount <= protocol.WEB_WINDOW_BYTES:
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 < amount <= self.window:
             return False
-        self.available = min(self.available + amount, protocol.WEB_WINDOW_BYTES)
+        self.available = min(self.available + amount, self.window)
         self.changed.set()
         return True
 
+    def cost(self, size: int) -> int:
+        return protocol.web_frame_cost(size, self.window)
+
     async def take(self, size: int, timeout: float) -> None:
-        cost = protocol.web_frame_cost(size)
+        cost = self.cost(size)
         while self.available < cost:
             self.changed.clear()
             await asyncio.wait_for(self.changed.wait(), timeout)
@@ -127,20 +239,21 @@ class Credit:
 class Receipts:
     """Credit we owe the device for data we handed on; returned in quarter-window batches."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = protocol.WEB_WINDOW_BYTES) -> None:
+        self.window = window
         self.owed = 0
         self.in_flight = 0  # what the device has sent and we have not handed on yet
 
     def received(self, size: int) -> bool:
         """False when the device sent more than its window (it ignores flow control)."""
-        self.in_flight += protocol.web_frame_cost(size)
-        return self.in_flight <= protocol.WEB_WINDOW_BYTES
+        self.in_flight += protocol.web_frame_cost(size, self.window)
+        return self.in_flight <= self.window
 
     def handed_on(self, size: int) -> int:
-        cost = protocol.web_frame_cost(size)
+        cost = protocol.web_frame_cost(size, self.window)
         self.in_flight -= cost
         self.owed += cost
-        if self.owed >= protocol.WEB_WINDOW_BYTES // 4:
+        if self.owed >= self.window // 4:
             owed, self.owed = self.owed, 0
             return owed
         return 0

@@ -42,7 +42,7 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         kwargs = self.scope.get("url_route", {}).get("kwargs", {})
         self.accepted = False
         self.closed = False
-        self.pending: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
+        self.pending: collections.deque[tuple[str | bytes, int]] = collections.deque()
         self.pending_bytes = 0  # what the browser sent that waits for credit (memory, not cost)
         self.send_seq = self.recv_seq = 0
         self.credit = streams.Credit()
@@ -59,10 +59,12 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         port = int(kwargs["port"])
         prefix = streams.prefix_of(device.pk, port)
         path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
-        self.link = streams.TunnelLink(self.channel_layer, device.channel_name, self.channel_name)
+        self.link = streams.TunnelLink(self.channel_layer, device.channel_name, self.channel_name,
+                                       binary=protocol.WEB_BINARY_CAPABILITY in (device.capabilities or []))
+        self.credit = streams.Credit(self.link.window)
+        self.receipts = streams.Receipts(self.link.window)
         try:
-            await self.link.open()
-            await self.link.frame(protocol.WEB_WS_OPEN, {
+            await self.link.open(protocol.WEB_WS_OPEN, {
                 "port": port, "path": path, "query": (self.scope.get("query_string") or b"").decode("latin-1"),
                 "headers": streams.forward_headers(self.scope, prefix, websocket=True),
                 "subprotocols": list(self.scope.get("subprotocols") or [])[:20],
@@ -91,12 +93,8 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.closed or not self.accepted:
             return
-        if text_data is not None:
-            size = len(text_data.encode("utf-8"))
-            body: dict[str, Any] = {"text": text_data}
-        else:
-            size = len(bytes_data or b"")
-            body = {"data": base64.b64encode(bytes_data or b"").decode("ascii")}
+        body: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        size = len(body.encode("utf-8")) if isinstance(body, str) else len(body)
         if size > protocol.WEB_WS_MAX_MESSAGE:
             await self._end(protocol.WEB_RESET_CANCELLED, CLOSE_TOO_BIG)
             return
@@ -112,14 +110,17 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
         at a time, and the credit that would free us arrives as a message)."""
         while self.pending and not self.closed:
             body, size = self.pending[0]
-            cost = protocol.web_frame_cost(size)
+            cost = self.credit.cost(size)
             if self.credit.available < cost:
                 return
             self.credit.available -= cost
             self.pending.popleft()
             self.pending_bytes -= size
             try:
-                await self.link.frame(protocol.WEB_WS_FRAME, dict(body, seq=self.send_seq))
+                if isinstance(body, str):
+                    await self.link.frame(protocol.WEB_WS_FRAME, {"text": body, "seq": self.send_seq})
+                else:
+                    await self.link.data(self.send_seq, body, protocol.WEB_BIN_WS)
             except streams.LinkLost:
                 await self._end(None)
                 return
@@ -175,11 +176,13 @@ class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
             size = len(text.encode("utf-8"))
             await self.send(text_data=text)
         else:
-            try:
-                data = base64.b64decode(params.get("data") or "", validate=True)
-            except (binascii.Error, ValueError, TypeError):
-                await self._end(protocol.WEB_RESET_UPSTREAM_ERROR)
-                return
+            data = params.get("raw")  # a binary frame's bytes
+            if not isinstance(data, bytes):
+                try:
+                    data = base64.b64decode(params.get("data") or "", validate=True)
+                except (binascii.Error, ValueError, TypeError):
+                    await self._end(protocol.WEB_RESET_UPSTREAM_ERROR)
+                    return
             size = len(data)
             await self.send(bytes_data=data)
         if not self.receipts.received(size):
