@@ -4,7 +4,10 @@ The platform sends them as JSON-RPC requests ``probe.<op>`` with ``params`` = th
 Every op returns a JSON-able dict of a stable shape, or raises ``ProbeError(code, detail)``.
 Unknown argument names are refused (``invalid_argument``), so a typo never passes silently.
 Paths in results are real paths (symlinks resolved); relative paths are taken from the first root.
-Nothing outside the allowed roots is ever looked at: see ``confine`` and README, "Probes for agents".
+Nothing outside the allowed roots is ever looked at (see ``confine`` and README, "Probes for agents"):
+a path argument that resolves outside is refused with ``outside_allowed_roots``, one message for all.
+The families live in ``files`` (read, read_tree, stat, write), ``search`` (grep), ``git``, ``code``
+(ast_parse) and ``run`` (run, run_background and their output).
 
 ping {}                                 -> {pong: true, time}
 info {}                                 -> {hostname, os, python, version, roots, modes: {write, exec},
@@ -17,14 +20,16 @@ read {path, offset=1, limit=2000, max_bytes=262144, base64=false}
     base64: -> {path, encoding: "base64", offset, size, data, truncated, next_offset}
             offset/limit count bytes here.
 read_tree {path, depth=3, max_entries=1000, gitignore=true}
-    -> {path, depth, entries: [{path, type: file|dir|symlink|other, size?, target?, broken?, loop?,
-        outside?}], count, truncated}   (entry paths relative to `path`; links shown, never followed)
+    -> {path, depth, entries: [{path, type: file|dir|symlink|other, size?, target?, target_type?,
+        broken?, loop?, outside?}], count, truncated}   (entry paths relative to `path`; links shown,
+        never followed; a link that leaves the roots is {path, type: "symlink", outside: true} only)
 grep {pattern, path=<first root>, glob?, ignore_case=false, max_results=200, engine=auto|rg|python}
     -> {path, pattern, engine, matches: [{path, line, text}], files, truncated}
        hidden files, .gitignore'd files (from `path` down), binary files (a NUL byte), links and
        files over 10 MiB are skipped; `glob` is a gitignore-style pattern on the path below `path`
        ("*.py", "src/**", "!*.md"). Hits are sorted by path, then line; both engines agree.
-stat {path} -> {path, type, size, mode, mtime, is_symlink, target?, broken?, outside?}
+stat {path} -> {path, type, size, mode, mtime, is_symlink, target?, target_type?, broken?, loop?,
+        outside: false?}   (the path's own lstat; a link that leaves the roots is refused)
 git_diff {path=<first root>, rev?, staged=false, max_bytes} -> {path, diff, truncated}
 git_log {path=<first root>, rev?, limit=20, offset=0} -> {path, commits: [{hash, author, email, date,
         subject}], truncated}
