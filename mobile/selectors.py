@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import functools
+import uuid
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -13,6 +16,58 @@ from mobile.events import question_data, session_data
 from mobile.models import AgentSession, PhoneMessage, Question
 
 RECENT = timedelta(minutes=30)
+
+
+# --- one question with its session and device, for the answer POST --------------------------------
+
+_JOINED = ((Question, "q"), (AgentSession, "s"), (Device, "d"))
+
+
+@functools.cache
+def _own_question_plan(vendor: str) -> tuple[str, list[list[tuple[Any, list]]]]:
+    """The SELECT (question JOIN session JOIN device, scoped by owner) and, per model, each column's
+    converters from the database's value to the field's (as the ORM applies them)."""
+    qn = connection.ops.quote_name
+    columns, plan = [], []
+    for model, alias in _JOINED:
+        fields = []
+        for field in model._meta.concrete_fields:
+            columns.append(f"{alias}.{qn(field.column)}")
+            col = field.get_col(model._meta.db_table)
+            fields.append((field, connection.ops.get_db_converters(col) + col.get_db_converters(connection), col))
+        plan.append(fields)
+    q, s, d = (model._meta for model, _ in _JOINED)
+    # Names from the models' _meta, values as parameters.
+    sql = (f"SELECT {', '.join(columns)} FROM {qn(q.db_table)} q"  # noqa: S608
+           f" JOIN {qn(s.db_table)} s ON s.{qn(s.pk.column)} = q.{qn(q.get_field('session').column)}"
+           f" JOIN {qn(d.db_table)} d ON d.{qn(d.pk.column)} = q.{qn(q.get_field('device').column)}"
+           f" WHERE q.{qn(q.pk.column)} = %s AND d.{qn(d.get_field('owner').column)} = %s")
+    return sql, plan
+
+
+def own_question(*, user: Any, question_id: uuid.UUID) -> Question | None:
+    """``Question.objects.select_related("session", "device").filter(pk=…, device__owner=user).first()``
+    as one statement written out once: on the answer POST, Django compiling that query cost more than the
+    database took to run it (bench/roundtrip.py)."""
+    sql, plan = _own_question_plan(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [Question._meta.pk.get_db_prep_value(question_id, connection), user.pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    instances, at = [], 0
+    for (model, _), fields in zip(_JOINED, plan, strict=True):
+        values = []
+        for _field, converters, col in fields:
+            value = row[at]
+            at += 1
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        instances.append(model.from_db(connection.alias, [f.attname for f, _, _ in fields], values))
+    question, session, device = instances
+    question.session, question.device = session, device
+    return question
 
 
 def pending_questions(*, user: Any) -> list[dict]:

@@ -35,7 +35,7 @@ from devices.models import Device, OutboxItem
 from devices.services import outbox_enqueue
 from im import services as im_services
 from im.models import Message, Room
-from mobile import events, pacing
+from mobile import events, pacing, selectors
 from mobile.models import AgentSession, Answer, PhoneMessage, Question
 
 # The hook gives up after window_sec; the question stays answerable a moment longer so an answer
@@ -436,8 +436,7 @@ def _own_question(actor: Any, question_id: Any) -> Question:
         qid = uuid.UUID(str(question_id))
     except ValueError:
         raise NotFound("No such question.") from None
-    question = (Question.objects.select_related("session", "device")
-                .filter(pk=qid, device__owner=actor).first() if actor.is_authenticated else None)
+    question = selectors.own_question(user=actor, question_id=qid) if actor.is_authenticated else None
     if question is None:
         raise NotFound("No such question.")
     return question

@@ -230,3 +230,41 @@ def test_two_bridges_two_users_stay_apart(client, bridge, other_user):
     mine, _ = ask(bridge)
     client.force_login(bridge.owner)
     assert [q["question_id"] for q in client.get("/api/mobile/pending").json()["questions"]] == [str(mine.pk)]
+
+
+@pytest.mark.django_db
+def test_own_question_reads_the_question_its_session_and_device_in_one_statement(bridge, mobile_user, other_user,
+                                                                                  django_assert_num_queries):
+    """The answer POST's read, written out: the same objects select_related would give, owner-scoped."""
+    from mobile import selectors
+
+    question, _nonce = ask(bridge)
+    with django_assert_num_queries(1):
+        own = selectors.own_question(user=mobile_user, question_id=question.pk)
+        assert own.session.session_id == "sess-1" and own.device.pk == bridge.pk
+    reference = Question.objects.select_related("session", "device").get(pk=question.pk)
+    for field in Question._meta.concrete_fields:
+        assert getattr(own, field.attname) == getattr(reference, field.attname), field.name
+    assert own.questions == reference.questions and own.expires_at == reference.expires_at
+    assert own.device.owner_id == mobile_user.pk and own.device.name == reference.device.name
+    assert selectors.own_question(user=other_user, question_id=question.pk) is None
+
+
+@pytest.mark.django_db
+def test_user_needs_otp_in_one_statement(mobile_user, django_assert_num_queries):
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    from ai1net.accounts.models import BackupCode, BackupCodeDevice
+    from ai1net.accounts.selectors import user_needs_otp
+
+    with django_assert_num_queries(1):
+        assert user_needs_otp(mobile_user) is False
+    totp = TOTPDevice.objects.create(user=mobile_user, name="phone", confirmed=False)
+    assert user_needs_otp(mobile_user) is False  # an enrolment not confirmed yet
+    codes = BackupCodeDevice.objects.create(user=mobile_user, name="Backup codes", confirmed=True)
+    assert user_needs_otp(mobile_user) is False  # a backup-code device with no codes left
+    BackupCode.objects.create(device=codes, code_hash="x" * 64)
+    assert user_needs_otp(mobile_user) is True
+    BackupCode.objects.all().delete()
+    TOTPDevice.objects.filter(pk=totp.pk).update(confirmed=True)
+    assert user_needs_otp(mobile_user) is True
