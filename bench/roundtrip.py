@@ -66,7 +66,7 @@ import websockets  # noqa: E402
 
 from bench.report import Row, append  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
-from clients.bridge.hooks_install import hook_command  # noqa: E402
+from clients.bridge.hooks_install import hook_command, precompile_hook  # noqa: E402
 
 PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 173})  # 200 bytes
 PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -338,7 +338,9 @@ async def echo_rtt(url: str, samples: int) -> list[float]:
 
 
 def hook_argv(world: World) -> tuple[list[str], dict[str, str]]:
-    """The command ``hooks install`` writes into settings.json (from this checkout), as argv + env."""
+    """The command ``hooks install`` writes into settings.json (from this checkout), as argv + env, with
+    the bytecode ``hooks install`` writes (this environment sets PYTHONDONTWRITEBYTECODE)."""
+    precompile_hook()
     words = shlex.split(hook_command(home=world.home, window=120, style="allow"))
     env = client_env()
     while words and "=" in words[0] and not words[0].startswith(("/", "-")):

@@ -8,14 +8,14 @@ nothing were installed.
 This module is also the hook's whole program: ``python -S -m clients.bridge --home H hook …`` (what
 ``hooks install`` writes; ``clients.bridge.__main__`` hands ``hook`` straight here without loading the
 command line, the daemon or websockets) and the .pyz run the same way. It runs once per hook event, so
-its start-up is on the question's path: it imports ``json``, ``os``, ``sys`` and ``time`` and, once there
-is a daemon to ask, ``socket`` (a plain HTTP/1.1 request, not ``http.client``, which pulls in ``email``);
-nothing else, not even ``typing`` (``bench/roundtrip.py`` prints its cost beside a bare interpreter).
+its start-up is on the question's path. It imports ``os``, ``sys``, ``time`` and the C half of ``json``
+(``_json``: the ``json`` package would import ``re``, the dearest module on this path) and, once there is
+a daemon to ask, ``socket`` (a plain HTTP/1.1 request, not ``http.client``, which pulls in ``email``);
+nothing else, not even ``typing``. ``bench/roundtrip.py`` prints its start-up beside a bare interpreter.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -34,6 +34,73 @@ DENY_PREFIX = "The user answered on their phone (this is their answer, not a ref
 
 class DaemonDown(Exception):
     pass
+
+
+# --- JSON without the json package (which imports re) ------------------------------------------
+_CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads: the settings of ``json.loads`` with no hooks."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = _CONSTANTS.__getitem__
+    memo: Dict[str, Any] = {}
+
+
+def loads(data: Any) -> Any:
+    """``json.loads`` for UTF-8 text or bytes, through the C scanner ``json`` itself uses."""
+    text = data.decode("utf-8-sig") if isinstance(data, (bytes, bytearray)) else str(data)
+    try:
+        from _json import make_scanner
+    except ImportError:  # no C accelerator (another Python): the package, re and all
+        import json
+
+        return json.loads(text)
+    text = text.strip(" \t\n\r")
+    try:
+        value, end = make_scanner(_ScanContext())(text, 0)
+    except StopIteration as exc:
+        raise ValueError(f"not JSON (at {exc.value})") from None
+    if end != len(text):
+        raise ValueError(f"not JSON (extra data at {end})")
+    return value
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value)`` (ASCII, ", " and ": ") for what JSON can hold; anything else: TypeError."""
+    try:
+        from _json import encode_basestring_ascii as quote
+    except ImportError:  # no C accelerator (another Python)
+        import json
+
+        return json.dumps(value)
+    if isinstance(value, str):
+        return quote(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("JSON has no NaN or infinity")
+        return float.__repr__(value)
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"keys must be str, not {type(key).__name__}")
+        return "{" + ", ".join(f"{quote(k)}: {dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(dumps(item) for item in value) + "]"
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 # --- formatting (pure) -----------------------------------------------------------------------
@@ -105,7 +172,7 @@ class Daemon:
 
     def reload(self) -> None:
         with open(os.path.join(self.home, "local.json"), encoding="utf-8") as handle:
-            info = json.load(handle)
+            info = loads(handle.read())
         pid = info.get("pid")
         if isinstance(pid, int) and pid > 0 and not _alive(pid):
             # A stale file from a daemon that is gone: do not hand the secret to whatever owns the port now.
@@ -117,7 +184,7 @@ class Daemon:
         """POST /v1/<route> to the daemon and return its JSON object (HTTP/1.1, one connection each)."""
         import socket  # only once there is a daemon to talk to
 
-        payload = json.dumps(body).encode("utf-8")
+        payload = dumps(body).encode("utf-8")
         head = (
             f"POST /v1/{route} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\nX-AI1NET-Secret: {self.secret}\r\nConnection: close\r\n\r\n"
@@ -132,7 +199,7 @@ class Daemon:
             raise DaemonDown(str(exc)) from exc
         if status != 200:
             raise DaemonDown(f"daemon answered {status}")
-        result = json.loads(data)
+        result = loads(data)
         if not isinstance(result, dict):
             raise DaemonDown("daemon answered with a non-object")
         return result
@@ -318,13 +385,13 @@ def run(
         raw = (stdin or sys.stdin.buffer).read(MAX_STDIN_BYTES)
         if os.environ.get("AI1NET_MOBILE_OFF", "").strip() not in ("", "0"):
             return 0
-        event = json.loads(raw)
+        event = loads(raw)
         if not isinstance(event, dict):
             return 0
         output = handle(event, Daemon(home), window=float(window), style=style)
         if output is None:
             return 0
-        text = json.dumps(output)
+        text = dumps(output)
         out = stdout or sys.stdout
         out.write(text + "\n")
         out.flush()

@@ -36,11 +36,12 @@ def default_settings_path() -> Path:
 
 
 def default_launcher() -> str:
-    """How to start this bridge from a hook: the .pyz we run from, or `-m clients.bridge` from a checkout.
+    """How to start this bridge from a hook: the .pyz we run from, or ``clients/bridge/run_hook.py`` of
+    a checkout (it accepts every command the hook gets, ``--home H hook …``).
 
     The hook needs nothing but the standard library, so the interpreter starts without ``site`` (``-S``:
-    no site-packages scan, no .pth files; about a third of a bare start-up) and, for the .pyz, isolated
-    (``-I``: no user site, no PYTHON* variables, no current directory on the path).
+    no site-packages scan, no .pth files; about a third of a bare start-up) and isolated (``-I``: no
+    user site, no PYTHON* variables, neither the current nor the script's directory on the path).
     """
     argv0 = sys.argv[0] if sys.argv else ""
     python = shlex.quote(sys.executable or "python3")
@@ -48,8 +49,32 @@ def default_launcher() -> str:
     if argv0.endswith(".pyz") or ".pyz" in str(package_file):
         pyz = argv0 if argv0.endswith(".pyz") else str(package_file).split(".pyz", 1)[0] + ".pyz"
         return f"{python} -I -S {shlex.quote(os.path.abspath(pyz))}"
-    root = package_file.parents[2]  # the checkout: <root>/clients/bridge/hooks_install.py
-    return f"PYTHONPATH={shlex.quote(str(root))} {python} -S -m clients.bridge"
+    script = package_file.with_name("run_hook.py")  # the checkout: no runpy, no PYTHONPATH (run_hook.py)
+    return f"{python} -I -S {shlex.quote(str(script))}"
+
+
+HOOK_MODULES = ("clients/__init__.py", "clients/bridge/__init__.py", "clients/bridge/__main__.py",
+                "clients/bridge/hook.py")  # what run_hook.py and `-m clients.bridge … hook` import
+
+
+def precompile_hook() -> List[str]:
+    """Write the bytecode of the modules the hook loads (from a checkout), so that each hook run reads
+    it instead of compiling them again: with PYTHONDONTWRITEBYTECODE set (some shells and hosts set
+    it) Python would never write it and every hook call paid the compile. Returns what was written; a
+    read-only checkout or a .pyz (zipimport compiles in memory) is left as it is."""
+    import py_compile
+
+    package_file = Path(__file__).resolve()
+    if ".pyz" in str(package_file):
+        return []
+    root = package_file.parents[2]
+    written = []
+    for name in HOOK_MODULES:
+        try:
+            written.append(py_compile.compile(str(root / name), doraise=True))
+        except (OSError, py_compile.PyCompileError):
+            continue
+    return written
 
 
 def hook_command(
@@ -183,6 +208,8 @@ def install(
     record = manifest["installs"].get(str(path))
     command = hook_command(home=home, launcher=launcher, window=int(window), style=style)
     entries = desired_entries(command=command, window=int(window))
+    if launcher is None:
+        precompile_hook()
 
     work = copy.deepcopy(data)
     if record:

@@ -3,6 +3,8 @@
 import io
 import json
 
+import pytest
+
 from clients.bridge import hook
 from tests.bridge.questions import FEATURES, FRAMEWORK
 
@@ -182,23 +184,51 @@ def test_hook_command_line_is_parsed_without_argparse():
 
 
 def test_the_hook_entry_imports_only_cheap_stdlib_modules(tmp_path):
-    """What `hooks install` writes (`python -S -m clients.bridge … hook`) loads neither the command line,
-    the daemon, asyncio, sqlite3, websockets, http.client, logging nor typing."""
+    """Neither what `hooks install` writes (`python -I -S clients/bridge/run_hook.py … hook`) nor
+    `-m clients.bridge … hook` loads the command line, the daemon, asyncio, sqlite3, websockets,
+    http.client, logging, typing, or re (the json package's dearest import)."""
     import subprocess
     import sys
 
     from tests.e2e_support import ROOT
 
-    code = ("import runpy, sys\n"
-            f"sys.argv = ['ai1net-bridge', '--home', {str(tmp_path)!r}, 'hook']\n"
-            "try:\n    runpy.run_module('clients.bridge', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "print(' '.join(sorted(sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, input=b'{"hook_event_name": "Stop"}',
-                          capture_output=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    loaded = set(done.stdout.decode().split())
-    assert "clients.bridge.hook" in loaded
-    heavy = {"argparse", "asyncio", "sqlite3", "websockets", "http.client", "email", "logging", "typing",
-             "clients.bridge.cli", "clients.bridge.daemon", "clients.common.tunnel", "ssl"}
-    assert not heavy & loaded, heavy & loaded
+    heavy = {"argparse", "asyncio", "sqlite3", "websockets", "http.client", "email", "logging", "typing", "re",
+             "json", "clients.bridge.cli", "clients.bridge.daemon", "clients.common.tunnel", "ssl"}
+    report = "import atexit, sys\natexit.register(lambda: sys.__stderr__.write(' '.join(sorted(sys.modules))))\n"
+    script = ROOT / "clients" / "bridge" / "run_hook.py"
+    runs = {
+        "run_hook.py": [sys.executable, "-I", "-S", "-c", report + f"sys.argv = [{str(script)!r}, '--home', "
+                        f"{str(tmp_path)!r}, 'hook']\nexec(compile(open({str(script)!r}).read(), {str(script)!r}, "
+                        "'exec'), {'__name__': '__main__', '__file__': " + repr(str(script)) + "})"],
+        "-m clients.bridge": [sys.executable, "-S", "-c", report + "import runpy\nsys.argv = ['ai1net-bridge', "
+                              f"'--home', {str(tmp_path)!r}, 'hook']\n"
+                              "runpy.run_module('clients.bridge', run_name='__main__')"],
+    }
+    for name, argv in runs.items():
+        done = subprocess.run(argv, cwd=ROOT, input=b'{"hook_event_name": "Stop", "session_id": "s"}',
+                              capture_output=True, timeout=30)
+        assert done.returncode == 0 and not done.stdout, (name, done.stderr)
+        loaded = set(done.stderr.decode().split())
+        assert "clients.bridge.hook" in loaded, name
+        assert not heavy & loaded, (name, heavy & loaded)
+
+
+def test_the_hook_json_matches_the_json_package():
+    import json
+
+    samples = [
+        {"hook_event_name": "PreToolUse", "tool_input": {"questions": [FRAMEWORK], "n": 3, "x": 1.5, "ok": True,
+                                                         "none": None, "list": [1, [2, {"a": "b"}]]}},
+        {"text": "été ✓ 😀 \"quoted\" \\ back\nslash\t\u0001", "empty": {}, "also": []},
+        [], "plain", 0, -12, 3.25e-9, False,
+    ]
+    for sample in samples:
+        assert hook.dumps(sample) == json.dumps(sample)
+        assert hook.loads(json.dumps(sample)) == sample
+        assert hook.loads(json.dumps(sample, indent=2).encode()) == sample
+        assert hook.loads(b"\xef\xbb\xbf" + json.dumps(sample).encode() + b"\n") == sample
+    for bad in ("", "{", '{"a": 1} x', "[1,]", "nope", '{"a": NaN'):
+        with pytest.raises(ValueError):
+            hook.loads(bad)
+    with pytest.raises((TypeError, ValueError)):
+        hook.dumps({"a": object()})

@@ -125,7 +125,9 @@ def test_cli_install_writes_a_command_that_runs_this_checkout(tmp_path):
         assert done.returncode == 0, done.stderr
     assert "nothing changed" in done.stdout
     command = json.loads(settings.read_bytes())["hooks"]["SessionEnd"][0]["hooks"][0]["command"]
-    assert f"-m clients.bridge --home {home.resolve()} hook --window 45 --answer-style allow" in command
+    assert command.endswith(f" -I -S {ROOT / 'clients' / 'bridge' / 'run_hook.py'} --home {home.resolve()} hook "
+                            "--window 45 --answer-style allow")
+    assert "PYTHONPATH" not in command
     # The command works from any directory (the host runs it in the project's folder) and fails open.
     ran = subprocess.run(
         ["/bin/sh", "-c", command], cwd=tmp_path, input=b'{"hook_event_name":"SessionEnd","session_id":"s"}',
