@@ -257,6 +257,7 @@ class MobileBridge:
         )
         self.audit.write(
             "question.ask",
+            durable=False,  # what went out, not a decision: the take or give-up that ends it fsyncs it
             question_id=question_id,
             session_id=session_id,
             tool_use_id=tool_use_id,
@@ -501,7 +502,8 @@ class MobileBridge:
             self.audit.write("answer.unknown", question_id=question_id)
             return
         if question["state"] in ("asking", "pending"):
-            self.audit.write("answer.apply", question_id=question_id, answers=answers, other=other)
+            # A receipt, not a decision: the take that follows fsyncs it (clients.bridge.audit).
+            self.audit.write("answer.apply", durable=False, question_id=question_id, answers=answers, other=other)
             self.store.question_answer(question_id, answers, other)
             self._wake()
         elif question["state"] in ("answered", "taken"):

@@ -317,3 +317,21 @@ def test_audit_lines_are_json_and_private(tmp_path):
 def test_store_file_is_private(tmp_path):
     Store(tmp_path / "m.sqlite3").close()
     assert (tmp_path / "m.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+def test_receipts_are_written_without_their_own_fsync_and_decisions_with_one(tmp_path, monkeypatch):
+    """The audit log's rule (clients.bridge.audit): a take or a give-up is fsync'd before it happens; a
+    receipt (question asked, answer received) is appended and made durable by the next fsync."""
+    import os
+
+    from clients.bridge.audit import AuditLog
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.write("answer.apply", durable=False, question_id="q1")
+    assert not synced
+    log.write("question.take", question_id="q1")
+    assert len(synced) == 1
+    assert [e["event"] for e in log.entries()] == ["answer.apply", "question.take"]
