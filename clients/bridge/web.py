@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import re
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -559,6 +560,12 @@ class WsStream(_Stream):
             await self.send(protocol.WEB_WS_CLOSE, {"code": code, "reason": ws.close_reason or ""})
 
 
+def binary_frames() -> bool:
+    """Whether this bridge offers binary data frames (``AI1NET_WEB_BINARY=0``: behave as a bridge from
+    before them, text frames only; for tests of the fallback)."""
+    return os.environ.get("AI1NET_WEB_BINARY", "1") != "0"
+
+
 def install(core: Any) -> None:
     """Plug into the bridge daemon (clients.bridge.daemon): one forwarder per daemon run."""
 
@@ -569,14 +576,16 @@ def install(core: Any) -> None:
             from clients.bridge.audit import AuditLog
 
             audit = AuditLog(daemon.home / "audit.jsonl")
+        binary = binary_frames()
         daemon.web = WebForwarder(
             getattr(daemon, "expose", []),
             lambda method, params, generation: tunnel.notify(method, params, generation=generation),
             lambda: tunnel.sessions,
             audit,
-            binary=lambda frame, generation: tunnel.send_binary(frame, generation=generation),
+            binary=(lambda frame, generation: tunnel.send_binary(frame, generation=generation)) if binary else None,
         )
-        tunnel.on_binary = daemon.web.handle_binary
+        if binary:
+            tunnel.on_binary = daemon.web.handle_binary
         if daemon.web.ports:
             log.info("device web: exposing %s on %s", ", ".join(map(str, sorted(daemon.web.ports))), LOOPBACK)
 
@@ -593,7 +602,8 @@ def install(core: Any) -> None:
                    protocol.WEB_WS_OPEN, protocol.WEB_WS_FRAME, protocol.WEB_WS_CLOSE):
         core.register_notification(method, handler(method))
     core.add_capability("device_web")
-    core.add_capability(protocol.WEB_BINARY_CAPABILITY)
+    if binary_frames():
+        core.add_capability(protocol.WEB_BINARY_CAPABILITY)
 
 
 def _install() -> None:

@@ -11,22 +11,33 @@
 4. the device online over its WebSocket tunnel (offline, or long polling -> 503) with that port
    declared in its hello (else 502).
 
-Per request this is one query in the common case: the device, scoped to its owner, with whether the
-owner has two-factor (``_device_row``); the session's OTP verification is read only for users who have
-it, and a device that is not found falls back to the plain checks for the exact refusal.
+``check_device_web`` reads the device scoped to its owner with whether the owner has two-factor in one
+query (``_device_row``); the session's OTP verification is read only for users who have it.
+
+``device_web_fast`` is the HTTP path's common case in one raw query, session included: the session row,
+the device and its owner, and the owner's two-factor. It answers only "all four gates pass" (the user is
+the session's, verified as ``django.contrib.auth.get_user`` does: the model backend, the session hash
+under the current secret, an active user); anything else returns None and the caller runs the full
+checks above, so every refusal is the same as before, word for word.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.models import Session
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.db.models import Exists, OuterRef
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from ai1net import hosts
-from ai1net.accounts.models import BackupCodeDevice
+from ai1net.accounts.models import BackupCode, BackupCodeDevice, User
 from ai1net.accounts.selectors import device_web_active, otp_session_ok
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
@@ -103,6 +114,67 @@ def _device_row(user: Any, device_id: Any) -> Device | None:
                 .annotate(owner_needs_otp=Exists(totp) | Exists(backup)).first())
     except (ValueError, TypeError, ValidationError):
         return None
+
+
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+DB_SESSIONS = "django.contrib.sessions.backends.db"
+_USER_FIELDS = ("id", "password", "otp_epoch", "is_active", "device_web_enabled")
+
+
+@functools.cache
+def _fast_sql() -> str:
+    q = connection.ops.quote_name
+    device, user, session = Device._meta, User._meta, Session._meta
+    totp, backup, code = TOTPDevice._meta, BackupCodeDevice._meta, BackupCode._meta
+    columns = ", ".join(f"d.{q(f.column)}" for f in device.concrete_fields)
+    users = ", ".join(f"u.{q(user.get_field(name).column)} AS {q('gate_user_' + name)}" for name in _USER_FIELDS)
+    return (
+        f"SELECT {columns}, {users}, s.{q('session_data')} AS {q('gate_session_data')}, "  # noqa: S608 - names from _meta, values are parameters
+        f"(EXISTS (SELECT 1 FROM {q(totp.db_table)} t WHERE t.{q('user_id')} = d.{q('owner_id')} "
+        f"AND t.{q('confirmed')}) OR EXISTS (SELECT 1 FROM {q(backup.db_table)} b INNER JOIN {q(code.db_table)} c "
+        f"ON c.{q('device_id')} = b.{q('id')} WHERE b.{q('user_id')} = d.{q('owner_id')} AND b.{q('confirmed')})) "
+        f"AS {q('owner_needs_otp')} "
+        f"FROM {q(session.db_table)} s, {q(device.db_table)} d INNER JOIN {q(user.db_table)} u "
+        f"ON u.{q('id')} = d.{q('owner_id')} "
+        f"WHERE s.{q('session_key')} = %s AND s.{q('expire_date')} > %s AND d.{q('id')} = %s"
+    )
+
+
+def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Device] | None:
+    """(user, device) when the session's user passes all four gates for ``device_id`` and ``port``, in one
+    query; None for anything else (run ``auth.get_user`` and ``check_device_web`` then)."""
+    key = getattr(session, "session_key", None)
+    number = _port(port)
+    if (not key or number is None or not settings.DEVICE_WEB_ENABLED or hosts.separate()
+            or settings.SESSION_ENGINE != DB_SESSIONS or MODEL_BACKEND not in settings.AUTHENTICATION_BACKENDS):
+        return None
+    try:
+        pk = Device._meta.pk.get_db_prep_value(Device._meta.pk.to_python(device_id), connection)
+    except (ValidationError, ValueError, TypeError):
+        return None
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    rows = list(Device.objects.raw(_fast_sql(), [key, now, pk]))
+    if len(rows) != 1:
+        return None
+    device = rows[0]
+    data = session.decode(device.gate_session_data)  # {} when tampered with or unreadable
+    # What the gates and the session hash read (no value here needs a database converter); the rest of
+    # the user is deferred, loaded if anything asks.
+    names = [f.attname for f in User._meta.concrete_fields if f.attname in _USER_FIELDS]  # from_db's order
+    user = User.from_db(connection.alias, names, [getattr(device, f"gate_user_{name}") for name in names])
+    user.is_active, user.device_web_enabled = bool(user.is_active), bool(user.device_web_enabled)
+    session_hash = data.get(HASH_SESSION_KEY)
+    if (str(data.get(SESSION_KEY)) != str(user.pk) or data.get(BACKEND_SESSION_KEY) != MODEL_BACKEND
+            or not session_hash or not constant_time_compare(session_hash, user.get_session_auth_hash())):
+        return None
+    if not user.is_active or not device_web_active(user) or device.owner_needs_otp:
+        return None
+    if (device.status != Device.Status.ACTIVE or device.kind != Device.Kind.BRIDGE or not device.is_online
+            or device.is_long_polling or number not in (device.ports or [])):
+        return None
+    user.backend = MODEL_BACKEND
+    device.owner = user
+    return user, device
 
 
 def _port(value: Any) -> int | None:

@@ -31,7 +31,7 @@ from ai1net.exceptions import ApplicationError, PayloadTooLarge
 from clients import protocol
 from devices.errors import DeviceOffline, DeviceTimeout
 from devices.web import streams
-from devices.web.gates import check_device_web
+from devices.web.gates import check_device_web, device_web_fast
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +141,11 @@ def _gates(scope: dict[str, Any], device_id: Any, port: Any) -> Any:
     session hash), and the four gates, in one trip to the database thread instead of two."""
     session = scope.get("session")
     user = scope.get("user")
+    if user is None and session is not None:
+        fast = device_web_fast(session, device_id, port)
+        if fast is not None:
+            scope["user"], device = fast
+            return device
     if user is None:
         user = auth.get_user(_SessionOnly(session)) if session is not None else AnonymousUser()
         scope["user"] = user

@@ -62,7 +62,8 @@ class Upstream(Process):
 class Bridge(Process):
     """A paired bridge (device created directly, credential on disk) running with ``--expose``."""
 
-    def __init__(self, server: Daphne, owner: Any, home: Path, ports: list[int], name: str = "desk") -> None:
+    def __init__(self, server: Daphne, owner: Any, home: Path, ports: list[int], name: str = "desk",
+                 **env: str) -> None:
         self.device, token = services.device_create(owner=owner, name=name, kind=Device.Kind.BRIDGE)
         self.home = home
         save_credential(home, Credential(url=server.url, device_id=str(self.device.pk), token=token, kind="bridge",
@@ -70,7 +71,7 @@ class Bridge(Process):
         argv = [sys.executable, "-m", "clients.bridge", "--home", str(home), "run"]
         for port in ports:
             argv += ["--expose", str(port)]
-        super().__init__(argv, home.parent / f"bridge-{name}.log", env=client_env())
+        super().__init__(argv, home.parent / f"bridge-{name}.log", env=dict(client_env(), **env))
         wait_until(self.online, timeout=30, message=f"bridge {name} online (log: {self.log_path})")
 
     def online(self) -> bool:

@@ -167,3 +167,58 @@ def test_check_device_web_is_one_function_with_a_fixed_order(user, other_user, s
         check_device_web(other_user, device.pk, 20002)  # someone else's: 404 before any port talk
     assert caught.value.status == 404
     assert check_device_web(user, device.pk, str(PORT)).pk == device.pk
+
+
+def test_the_one_query_fast_path_passes_only_what_the_full_checks_pass(user, other_user, django_assert_num_queries):
+    """device_web_fast answers "all gates pass" in one query, and None (the full checks run) for
+    anything else: no session, someone else's device, the switch off, two-factor, a password change
+    (the session hash), a logout, a probe, offline, an undeclared port."""
+    from importlib import import_module
+
+    from django.conf import settings as django_settings
+
+    from ai1net.accounts.models import BackupCode, BackupCodeDevice
+    from devices.web.gates import device_web_fast
+
+    store = import_module(django_settings.SESSION_ENGINE).SessionStore
+    enable_device_web(user)
+    device = online_bridge(user)
+    key = session_cookie(user).decode().split("=", 1)[1]
+    with django_assert_num_queries(1):
+        fast = device_web_fast(store(key), str(device.pk), str(PORT))
+    assert fast is not None and fast[0].pk == user.pk and fast[1].pk == device.pk
+    assert fast[1].ports == [PORT] and fast[1].capabilities == []
+    assert check_device_web(fast[0], device.pk, PORT).pk == device.pk
+
+    def fast_for(key: str, device_id=device.pk, port=PORT):
+        return device_web_fast(store(key), str(device_id), str(port))
+
+    assert fast_for("nonsense") is None
+    assert fast_for(key, device_id="not-a-uuid") is None
+    assert fast_for(key, port=20002) is None and fast_for(key, port=8080) is None
+    enable_device_web(other_user)
+    assert fast_for(session_cookie(other_user).decode().split("=", 1)[1]) is None  # not theirs
+    probe = online_bridge(user, kind=Device.Kind.PROBE, name="probe")
+    assert fast_for(key, device_id=probe.pk) is None
+    user.device_web_enabled = False
+    user.save(update_fields=["device_web_enabled"])
+    assert fast_for(key) is None
+    enable_device_web(user)
+    backup = BackupCodeDevice.objects.create(user=user, name="backup", confirmed=True)
+    BackupCode.objects.create(device=backup, code_hash="x" * 64)
+    assert fast_for(key) is None  # two-factor: the full checks read the session's verification
+    backup.delete()
+    totp = totp_device(user)
+    assert fast_for(key) is None
+    totp.delete()
+    assert fast_for(key) is not None
+    Device.objects.filter(pk=device.pk).update(channel_name="")
+    assert fast_for(key) is None
+    Device.objects.filter(pk=device.pk).update(channel_name="specific.test!nobody")
+    user.set_password("a new password 99 horse")
+    user.save()
+    assert fast_for(key) is None  # the session's hash no longer matches: logged out everywhere
+    fresh = session_cookie(user).decode().split("=", 1)[1]
+    assert fast_for(fresh) is not None
+    store(fresh).delete()
+    assert fast_for(fresh) is None  # logged out
