@@ -5,13 +5,14 @@ secret) and prints the hook's JSON answer on stdout. It FAILS OPEN: daemon down,
 input, any exception or AI1NET_MOBILE_OFF=1 -> exit 0 with no output, so the desktop behaves as if
 nothing were installed.
 
-This module is also the hook's whole program: ``python -S -m clients.bridge --home H hook …`` (what
-``hooks install`` writes; ``clients.bridge.__main__`` hands ``hook`` straight here without loading the
-command line, the daemon or websockets) and the .pyz run the same way. It runs once per hook event, so
-its start-up is on the question's path. It imports ``os``, ``sys``, ``time`` and the C half of ``json``
-(``_json``: the ``json`` package would import ``re``, the dearest module on this path) and, once there is
-a daemon to ask, ``socket`` (a plain HTTP/1.1 request, not ``http.client``, which pulls in ``email``);
-nothing else, not even ``typing``. ``bench/roundtrip.py`` prints its start-up beside a bare interpreter.
+This module is also the hook's whole program: ``hooks install`` writes ``python -I -S
+<checkout>/clients/bridge/run_hook.py --home H hook …`` (or ``python -I -S ai1net-bridge.pyz --home H
+hook …``, whose ``clients.bridge.__main__`` hands ``hook`` straight here without loading the command line,
+the daemon or websockets). It runs once per hook event, so its start-up is on the question's path. It
+imports ``os``, ``sys``, ``time``, the C half of ``json`` (``_json``: the ``json`` package would import
+``re``, the dearest module on this path) and, once there is a daemon to ask, ``_socket`` (a plain HTTP/1.1
+request: ``http.client`` pulls in ``email``, ``socket`` itself ``selectors`` and ``enum``); nothing else,
+not even ``typing``. ``bench/roundtrip.py`` prints its start-up beside a bare interpreter.
 """
 
 from __future__ import annotations
@@ -181,8 +182,11 @@ class Daemon:
         self.secret = str(info["secret"])
 
     def post(self, route: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-        """POST /v1/<route> to the daemon and return its JSON object (HTTP/1.1, one connection each)."""
-        import socket  # only once there is a daemon to talk to
+        """POST /v1/<route> to the daemon and return its JSON object (HTTP/1.1, one connection each).
+
+        Through ``_socket``, the C module: ``socket`` itself imports ``selectors``, ``enum`` and more, and
+        cost the hook more than all its other imports together."""
+        import _socket  # only once there is a daemon to talk to
 
         payload = dumps(body).encode("utf-8")
         head = (
@@ -190,13 +194,17 @@ class Daemon:
             f"Content-Length: {len(payload)}\r\nX-AI1NET-Secret: {self.secret}\r\nConnection: close\r\n\r\n"
         )
         deadline = time.monotonic() + max(timeout, 0.05)
+        connection = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=max(timeout, 0.05)) as connection:
-                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                connection.sendall(head.encode("latin-1") + payload)
-                status, data = _read_response(connection, deadline)
+            connection.settimeout(max(timeout, 0.05))
+            connection.connect(("127.0.0.1", self.port))
+            connection.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            connection.sendall(head.encode("latin-1") + payload)
+            status, data = _read_response(connection, deadline)
         except (OSError, ValueError) as exc:
             raise DaemonDown(str(exc)) from exc
+        finally:
+            connection.close()
         if status != 200:
             raise DaemonDown(f"daemon answered {status}")
         result = loads(data)

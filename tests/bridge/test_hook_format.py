@@ -193,7 +193,7 @@ def test_the_hook_entry_imports_only_cheap_stdlib_modules(tmp_path):
     from tests.e2e_support import ROOT
 
     heavy = {"argparse", "asyncio", "sqlite3", "websockets", "http.client", "email", "logging", "typing", "re",
-             "json", "clients.bridge.cli", "clients.bridge.daemon", "clients.common.tunnel", "ssl"}
+             "json", "socket", "selectors", "enum", "clients.bridge.cli", "clients.bridge.daemon", "clients.common.tunnel", "ssl"}
     report = "import atexit, sys\natexit.register(lambda: sys.__stderr__.write(' '.join(sorted(sys.modules))))\n"
     script = ROOT / "clients" / "bridge" / "run_hook.py"
     runs = {
@@ -204,13 +204,38 @@ def test_the_hook_entry_imports_only_cheap_stdlib_modules(tmp_path):
                               f"'--home', {str(tmp_path)!r}, 'hook']\n"
                               "runpy.run_module('clients.bridge', run_name='__main__')"],
     }
-    for name, argv in runs.items():
-        done = subprocess.run(argv, cwd=ROOT, input=b'{"hook_event_name": "Stop", "session_id": "s"}',
-                              capture_output=True, timeout=30)
-        assert done.returncode == 0 and not done.stdout, (name, done.stderr)
-        loaded = set(done.stderr.decode().split())
-        assert "clients.bridge.hook" in loaded, name
-        assert not heavy & loaded, (name, heavy & loaded)
+    import http.server
+    import threading
+
+    asked = []
+
+    class Daemon(http.server.BaseHTTPRequestHandler):  # a stand-in daemon: every route answers {}
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            asked.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Daemon)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "local.json").write_text(json.dumps({"port": server.server_address[1], "secret": "s" * 43}))
+    try:
+        for name, argv in runs.items():
+            done = subprocess.run(argv, cwd=ROOT, input=b'{"hook_event_name": "Stop", "session_id": "s"}',
+                                  capture_output=True, timeout=30)
+            assert done.returncode == 0 and not done.stdout, (name, done.stderr)
+            loaded = set(done.stderr.decode().split())
+            assert "clients.bridge.hook" in loaded and "_socket" in loaded, name
+            assert not heavy & loaded, (name, heavy & loaded)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [path for path, _ in asked] == ["/v1/stop", "/v1/stop"]
+    assert json.loads(asked[0][1]) == {"session_id": "s", "stop_hook_active": False}
 
 
 def test_the_hook_json_matches_the_json_package():
