@@ -128,3 +128,17 @@ class AuditEntry(models.Model):
 
     def delete(self, *args, **kwargs):  # noqa: ANN201
         raise TypeError("audit entries are append-only")
+
+
+class AuditHead(models.Model):
+    """The audit chain's newest hash, in one row (pk 1). Appending takes this row's lock with the
+    UPDATE that reads it (``accounts.services.audit_record``), so appends queue on it until their
+    transaction commits and each one links to the hash the previous one committed."""
+
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        verbose_name = "audit chain head"
+
+    def __str__(self) -> str:
+        return f"audit head {self.hash[:12]}"

@@ -14,7 +14,15 @@ from django.db.models import F
 from django.utils import timezone
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from ai1net.accounts.models import ApiToken, AuditEntry, BackupCode, BackupCodeDevice, FirstRunToken, User
+from ai1net.accounts.models import (
+    ApiToken,
+    AuditEntry,
+    AuditHead,
+    BackupCode,
+    BackupCodeDevice,
+    FirstRunToken,
+    User,
+)
 from ai1net.accounts.signals import switch_changed
 from ai1net.exceptions import Conflict, Gone, NotFound, ValidationFailed
 
@@ -23,8 +31,7 @@ BACKUP_CODE_COUNT = 10
 FIRST_RUN_TTL = dt.timedelta(hours=1)
 SWITCHES: dict[str, str] = {"mobile_reply": "mobile_reply_enabled", "device_web": "device_web_enabled"}
 Switch = Literal["mobile_reply", "device_web"]
-# Any constant will do: it names the PostgreSQL advisory lock that serialises audit appends.
-_AUDIT_LOCK_ID = 0x41314E4554
+_AUDIT_HEAD_ID = 1  # the one row of AuditHead
 
 
 def hash_secret(raw: str) -> str:
@@ -54,28 +61,72 @@ def audit_record(*, actor: User | None, action: str, subject: User | None = None
                  ip: str | None = None) -> AuditEntry:
     """Append one entry to the hash-chained audit log. Safe to call inside the caller's transaction.
 
-    Appends are serialised so the chain never forks: an advisory lock on PostgreSQL; on SQLite the
-    IMMEDIATE transaction mode already gives one writer at a time. ``prev_hash`` is unique as well.
-    Three statements (lock, last hash, insert) and no savepoint of its own: inside the caller's
-    transaction an error here fails the caller's write too, which is what an audited write wants.
-    The lock is held until that transaction commits, so callers append last, just before they commit.
+    Appends are serialised so the chain never forks: the first statement takes the chain head's row
+    lock (``AuditHead``) and reads the newest hash with it; the second inserts the entry and moves the
+    head (one statement on PostgreSQL). The lock is held until the caller's transaction commits, so
+    callers append last, just before they commit. ``prev_hash`` is unique as well, should anything
+    else ever write the table. No savepoint of its own: an error fails the caller's write too, which
+    is what an audited write wants. (Before: an advisory lock, a read of the newest entry and an ORM
+    insert, five statements with the savepoint, and Django compiling two of them on every append.)
     """
     # Round-trip through JSON so the hash is computed over exactly what the database will return.
     data = json.loads(json.dumps(data, default=str))
     with transaction.atomic(savepoint=False):
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_ID])
-        last = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first()
-        prev_hash = last or AuditEntry.GENESIS
-        created_at = timezone.now()
+        prev_hash = _audit_head_lock()
         fields = {
-            "created_at": created_at, "action": action, "actor_label": _label(actor), "subject_label": _label(subject),
-            "data": data, "ip": ip or "",
+            "created_at": timezone.now(), "action": action, "actor_label": _label(actor),
+            "subject_label": _label(subject), "data": data, "ip": ip or "",
         }
-        return AuditEntry.objects.create(
-            actor=actor, subject=subject, prev_hash=prev_hash, hash=audit_hash(prev_hash=prev_hash, **fields), **fields
-        )
+        entry = AuditEntry(actor=actor, subject=subject, prev_hash=prev_hash,
+                           hash=audit_hash(prev_hash=prev_hash, **fields), **fields)
+        entry.pk = _audit_append(entry)
+        entry._state.adding = False
+        entry._state.db = connection.alias
+    return entry
+
+
+def _audit_head_lock() -> str:
+    """Lock the chain head until commit and return the newest hash (seeding the head when it is
+    missing: the first append, or after the tables were flushed)."""
+    qn, head = connection.ops.quote_name, AuditHead._meta
+    # Names from the model's _meta, values as parameters.
+    lock = (f"UPDATE {qn(head.db_table)} SET {qn('hash')} = {qn('hash')} "  # noqa: S608
+            f"WHERE {qn(head.pk.column)} = %s RETURNING {qn('hash')}")
+    with connection.cursor() as cursor:
+        cursor.execute(lock, [_AUDIT_HEAD_ID])
+        row = cursor.fetchone()
+        if row is None:
+            newest = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first()
+            cursor.execute(f"INSERT INTO {qn(head.db_table)} ({qn(head.pk.column)}, {qn('hash')}) "  # noqa: S608
+                           f"VALUES (%s, %s) ON CONFLICT ({qn(head.pk.column)}) DO NOTHING",
+                           [_AUDIT_HEAD_ID, newest or AuditEntry.GENESIS])
+            cursor.execute(lock, [_AUDIT_HEAD_ID])  # a concurrent seeder's row: wait for its commit
+            row = cursor.fetchone()
+    return row[0]
+
+
+def _audit_append(entry: AuditEntry) -> int:
+    """Insert ``entry`` and make its hash the head's; returns its id."""
+    qn, meta, head = connection.ops.quote_name, AuditEntry._meta, AuditHead._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in fields]
+    # Names from the models' _meta, values as parameters.
+    insert = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "  # noqa: S608
+              f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {qn(meta.pk.column)}")
+    move = f"UPDATE {qn(head.db_table)} SET {qn('hash')} = %s WHERE {qn(head.pk.column)} = %s"  # noqa: S608
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # one round trip
+            both = f"WITH appended AS ({insert}), moved AS ({move}) SELECT {qn(meta.pk.column)} FROM appended"  # noqa: S608
+            cursor.execute(both, [*values, entry.hash, _AUDIT_HEAD_ID])
+            return int(cursor.fetchone()[0])
+        if connection.features.can_return_columns_from_insert:
+            cursor.execute(insert, values)
+            entry_id = int(cursor.fetchone()[0])
+        else:
+            cursor.execute(insert.rsplit(" RETURNING ", 1)[0], values)
+            entry_id = int(connection.ops.last_insert_id(cursor, meta.db_table, meta.pk.column))
+        cursor.execute(move, [entry.hash, _AUDIT_HEAD_ID])
+    return entry_id
 
 
 # --- operator switches -------------------------------------------------------------------------

@@ -175,3 +175,21 @@ def test_concurrent_appends_never_fork_the_chain(user):
     assert not errors
     assert AuditEntry.objects.count() == 32
     assert selectors.audit_chain_verify() == (32, None)
+
+
+def test_the_chain_head_follows_every_append_and_reseeds_itself(user, django_assert_num_queries):
+    """``AuditHead`` holds the newest hash; an append reads and locks it with one statement and moves it
+    with one more (PostgreSQL; SQLite takes one more for the move). A missing head (first append, or
+    flushed tables) is seeded from the newest entry, so the chain goes on unbroken."""
+    from ai1net.accounts.models import AuditHead
+
+    entries = _make_chain(user, n=2)
+    assert AuditHead.objects.get().hash == entries[-1].hash
+    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 3):
+        entry = services.audit_record(actor=user, action="test.event", data={"n": 3})
+    assert entry.pk and entry.prev_hash == entries[-1].hash
+    assert AuditEntry.objects.get(pk=entry.pk).hash == entry.hash == AuditHead.objects.get().hash
+    AuditHead.objects.all().delete()
+    again = services.audit_record(actor=None, action="test.event", data={})
+    assert again.prev_hash == entry.hash
+    assert selectors.audit_chain_verify() == (4, None)
