@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
+from channels.consumer import get_handler_name  # noqa: E402
 from channels.db import database_sync_to_async  # noqa: E402
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
@@ -71,7 +72,15 @@ def _enqueue_one(device_id: str) -> None:
     services.outbox_enqueue(device=Device(pk=device_id), kind="bench.item", payload={"pad": "x" * 120})
 
 
-class EnqueueConsumer(AsyncWebsocketConsumer):
+class _Lean(AsyncWebsocketConsumer):
+    """No close_old_connections trip per message (as the tunnel consumer): the bench's scaffolding
+    should cost as little as it can; the ORM call below closes old connections around itself."""
+
+    async def dispatch(self, message):
+        await getattr(self, get_handler_name(message))(message)
+
+
+class EnqueueConsumer(_Lean):
     async def receive(self, text_data=None, bytes_data=None):
         await database_sync_to_async(_enqueue_one)(text_data)
 
@@ -79,7 +88,7 @@ class EnqueueConsumer(AsyncWebsocketConsumer):
 _ack_watchers: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
 
-class AckWatchConsumer(AsyncWebsocketConsumer):
+class AckWatchConsumer(_Lean):
     device_id = ""
 
     async def receive(self, text_data=None, bytes_data=None):
@@ -94,8 +103,8 @@ class AckWatchConsumer(AsyncWebsocketConsumer):
 _outbox_ack = services.outbox_ack
 
 
-def _watched_outbox_ack(*, device_id: Any, seq: int) -> None:
-    _outbox_ack(device_id=device_id, seq=seq)
+def _watched_outbox_ack(*, device_id: Any, seq: int, **kwargs: Any) -> None:
+    _outbox_ack(device_id=device_id, seq=seq, **kwargs)
     watcher = _ack_watchers.get(str(device_id))
     if watcher is not None:
         loop, consumer = watcher
@@ -104,6 +113,18 @@ def _watched_outbox_ack(*, device_id: Any, seq: int) -> None:
 
 
 services.outbox_ack = _watched_outbox_ack  # the tunnel looks it up at call time
+
+if os.environ.get("BENCH_SWITCH_INTERVAL"):
+    import sys
+
+    sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
+
+if os.environ.get("BENCH_NO_RECEIVERS") == "1":
+    # To see the tunnel's own floor: the other apps' device_connected/disconnected receivers off.
+    from devices import signals
+
+    signals.device_connected.receivers = []
+    signals.device_disconnected.receivers = []
 
 application = ProtocolTypeRouter(
     {

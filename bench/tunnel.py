@@ -331,7 +331,9 @@ async def settle(servers: list[Server], timeout: float = 30.0) -> None:
 
 
 class Profiler:
-    """py-spy on the daphne processes, one raw (collapsed stacks) file per phase, summarised after."""
+    """py-spy on the daphne processes, one raw (collapsed stacks) file per phase, summarised after.
+
+    Only samples of the thread holding the GIL (``--gil``): where daphne's one core goes."""
 
     def __init__(self, directory: str | None) -> None:
         self.dir = Path(directory) if directory else None
@@ -344,7 +346,7 @@ class Profiler:
         for n, server in enumerate(servers):
             out = self.dir / f"{phase}-{n}.txt"
             proc = subprocess.Popen([str(VENV_BIN / "py-spy"), "record", "--pid", str(server.proc.pid), "--rate", "250",
-                                     "--format", "raw", "--output", str(out), "--nonblocking"],
+                                     "--format", "raw", "--output", str(out), "--nonblocking", "--gil"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.procs.append((proc, out))
         time.sleep(1.0)  # py-spy attaches
@@ -495,7 +497,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     pairs = [("same process", tunnel_server, None)]
     if len(servers) > 1:
         pairs.append(("other process", servers[0], (servers[0].url, tunnel_server.url)))
-    for where, driver, relay in pairs:
+    for where, driver, relay in pairs if "deliver" in args.rows else []:
         profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
         got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay)
         profiler.stop()
@@ -515,22 +517,35 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
                         value=round(ratio, 2), target="<= 3", unit="x echo p99", notes=notes))
         await settle(servers)
     urls = [s.url for s in servers]
-    echo_rates, tunnel_rates = [], []
-    for run in range(args.connect_runs):
+    echo_rates, tunnel_rates, echo_cpu, tunnel_cpu = [], [], [], []
+
+    def server_cpu() -> float:
+        return sum(cpu_seconds(s.proc.pid) for s in servers)
+
+    for run in range(args.connect_runs if "connects" in args.rows else 0):
         profiler.start(f"connect-echo-{run}", servers)
+        before = server_cpu()
         echo_rates.append(await connect_rate(urls, args.connects, echo_ready))
+        echo_cpu.append((server_cpu() - before) * 1000 / args.connects)
         profiler.stop()
         await settle(servers)
         profiler.start(f"connect-tunnel-{run}", servers)
+        before = server_cpu()
         tunnel_rates.append(await connect_rate(
             urls, args.connects, lambda url, i: tunnel_open(url, devices[2 + i][1])))
+        tunnel_cpu.append((server_cpu() - before) * 1000 / args.connects)
         profiler.stop()
         await settle(servers)
-        print(f"  connects/s, run {run + 1}: echo {echo_rates[-1]:.0f}, tunnel {tunnel_rates[-1]:.0f}")
+        print(f"  connects/s, run {run + 1}: echo {echo_rates[-1]:.0f} ({echo_cpu[-1]:.2f} ms daphne CPU each), "
+              f"tunnel {tunnel_rates[-1]:.0f} ({tunnel_cpu[-1]:.2f} ms)")
+    if not echo_rates:
+        return rows
     echo_rate, tunnel_rate = max(echo_rates), max(tunnel_rates)
     ratio = tunnel_rate / echo_rate
     notes = [f"{args.connects} sockets kept open, 50 handshakes in flight, best of {args.connect_runs} run(s); "
-             "tunnel: hello answered; echo: first frame answered"]
+             "tunnel: hello answered; echo: first frame answered",
+             f"daphne CPU per connect (until the last is ready, closes excluded): tunnel {min(tunnel_cpu):.2f} ms, "
+             f"echo {min(echo_cpu):.2f} ms"]
     rows.append(Row(path="tunnel connects/s vs echo", config=config, measured=f"{tunnel_rate:.0f} connects/s",
                     baseline=f"echo {echo_rate:.0f} connects/s", ratio=round(ratio, 2), value=round(ratio, 2),
                     target=">= 0.7", unit="x echo", notes=notes))
@@ -585,6 +600,7 @@ async def main() -> None:
     parser.add_argument("--samples", type=int, default=None, help="deliver -> ack samples (500; --quick 300)")
     parser.add_argument("--connects", type=int, default=None, help="sockets per connect-rate run (2000; --quick 1000)")
     parser.add_argument("--connect-runs", type=int, default=None, help="connect-rate runs, best kept (2; --quick 1)")
+    parser.add_argument("--rows", default="deliver,connects", help="which rows: deliver,connects")
     parser.add_argument("--py-spy", dest="py_spy", help="record py-spy profiles of daphne per phase into DIR")
     parser.add_argument("--idle", "--tunnels", dest="tunnels", default="",
                         help="idle socket counts held by one daphne, e.g. 1000,5000,15000 (not with --quick)")

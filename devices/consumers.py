@@ -119,6 +119,12 @@ async def _expire_ephemeral_later(device_id: Any) -> None:
         logger.exception("expiring ephemeral device %s failed", device_id)
 
 
+def _send_signal(signal: Any, **kwargs: Any) -> None:
+    for receiver, result in signal.send_robust(sender=Device, **kwargs):
+        if isinstance(result, Exception):
+            logger.error("receiver %r of %s failed", receiver, signal, exc_info=result)
+
+
 def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
     version = params.get("protocolVersion")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -340,9 +346,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(group, self.channel_name)
         self.group_added_at = self.loop.time()
         try:
-            device, older = await _db(services.device_hello)(
-                device_id=self.device.pk, channel_name=self.channel_name, hello=hello, known=self.device
-            )
+            device, older = await self._hello_write(hello, params)
         except ApplicationError:
             await self._close(protocol.CLOSE_REVOKED)
             return
@@ -375,7 +379,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self.wake_pending or device.next_seq - 1 > hello["ackedSeq"]:
             self.wake_pending = False
             self._background(self._pump())
-        self._background(self._signal(signals.device_connected, device=device, hello=params))
 
     async def _on_ack(self, params: dict[str, Any]) -> None:
         seq = params.get("seq")
@@ -395,7 +398,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         while self.acked > self.acked_flushed:
             seq = self.acked
             try:
-                await _db(services.outbox_ack)(device_id=self.device.pk, seq=seq)
+                await _db(services.outbox_ack)(device_id=self.device.pk, seq=seq, after=self.acked_flushed)
             except Exception:
                 logger.exception("recording ack %s of %s failed", seq, self.device.pk)
                 return
@@ -564,12 +567,34 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             logger.debug("send on a closed tunnel", exc_info=True)
 
     async def _signal(self, signal: Any, **kwargs: Any) -> None:
-        def send() -> None:
-            for receiver, result in signal.send_robust(sender=Device, **kwargs):
-                if isinstance(result, Exception):
-                    logger.error("receiver %r of %s failed", receiver, signal, exc_info=result)
+        await _db(_send_signal)(signal, **kwargs)
 
-        await _db(send)()
+    def _hello_write(self, hello: dict[str, Any], params: dict[str, Any]) -> asyncio.Future:
+        """``services.device_hello``, then the ``device_connected`` receivers, in one trip to a database
+        thread: the future settles as soon as the hello is written; the receivers run after it there."""
+        loop, known, channel_name = self.loop, self.device, self.channel_name
+        written: asyncio.Future = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if written.done():
+                return
+            if error is not None:
+                written.set_exception(error)
+            else:
+                written.set_result(result)
+
+        def write_then_signal() -> None:
+            try:
+                result = services.device_hello(device_id=known.pk, channel_name=channel_name, hello=hello,
+                                               known=known)
+            except Exception as exc:
+                loop.call_soon_threadsafe(settle, None, exc)
+                return
+            loop.call_soon_threadsafe(settle, result, None)
+            _send_signal(signals.device_connected, device=result[0], hello=params)
+
+        self._background(_db(write_then_signal)())
+        return written
 
     # --- channel-layer messages ---------------------------------------------------------------
 

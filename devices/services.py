@@ -335,7 +335,9 @@ def _hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
 def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any]) -> Device | None:
     now = timezone.now()
     fields = {"channel_name": channel_name, "connected_at": now, "last_seen_at": now, "disconnected_at": None,
-              "connection_count": known.connection_count + 1, **_hello_fields(hello)}
+              "connection_count": known.connection_count + 1}
+    # What the device says about itself rarely changes between hellos: write only what did.
+    fields.update((name, value) for name, value in _hello_fields(hello).items() if getattr(known, name) != value)
     # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later sees
     # this connection as live: it is handed over or rings the doorbell of a group already joined).
     changed = Device.objects.filter(
@@ -367,13 +369,15 @@ def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, 
         device.connection_count += 1
         for name, value in _hello_fields(hello).items():
             setattr(device, name, value)
+        recorded = device.acked_seq
         if acked > device.acked_seq:
             device.acked_seq = min(acked, device.next_seq - 1)
         device.save(update_fields=["channel_name", "connected_at", "last_seen_at", "disconnected_at",
                                    "connection_count", "capabilities", "ports", "roots", "protocol_version",
                                    "client_version", "acked_seq"])
-        if acked:
-            OutboxItem.objects.filter(device_id=device_id, seq__lte=acked, acked_at__isnull=True).update(acked_at=now)
+        if acked > recorded:
+            OutboxItem.objects.filter(device_id=device_id, seq__gt=recorded, seq__lte=acked,
+                                      acked_at__isnull=True).update(acked_at=now)
         events.send_presence_changed(device)
     return device, older
 
@@ -526,11 +530,43 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
     return rows
 
 
-def outbox_ack(*, device_id: Any, seq: int) -> None:
-    """The device applied everything up to and including seq."""
-    now = timezone.now()
-    OutboxItem.objects.filter(device_id=device_id, seq__lte=seq, acked_at__isnull=True).update(acked_at=now)
-    Device.objects.filter(pk=device_id, acked_seq__lt=seq, next_seq__gt=seq).update(acked_seq=seq)
+def outbox_ack(*, device_id: Any, seq: int, after: int = 0) -> None:
+    """The device applied everything up to and including seq. One transaction (one commit).
+
+    ``after``: a seq already recorded as acked (the caller's last ack): the items' index is walked
+    from there, not from the first item the device ever got. Two plain UPDATEs written out once: the
+    tunnel records an ack per burst of deliveries, and building them with the ORM cost more CPU than
+    running them."""
+    conn = transaction.get_connection()
+    acked_at = OutboxItem._meta.get_field("acked_at")
+    params = {"now": acked_at.get_db_prep_save(timezone.now(), conn), "seq": seq, "after": after,
+              "device": Device._meta.pk.get_db_prep_value(device_id, conn)}
+    with transaction.atomic(), conn.cursor() as cursor:
+        for sql, names in _ack_statements(conn):
+            cursor.execute(sql, [params[name] for name in names])
+
+
+_ACK_SQL: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+
+
+def _ack_statements(conn: Any) -> list[tuple[str, tuple[str, ...]]]:
+    """The ack's statements for this database vendor. Names from the models' _meta, values as parameters."""
+    statements = _ACK_SQL.get(conn.vendor)
+    if statements is None:
+        item, device, quote = OutboxItem._meta, Device._meta, conn.ops.quote_name
+
+        def col(meta: Any, name: str) -> str:
+            return quote(meta.get_field(name).column)
+
+        statements = _ACK_SQL[conn.vendor] = [
+            (f"UPDATE {quote(item.db_table)} SET {col(item, 'acked_at')} = %s "  # noqa: S608
+             f"WHERE {col(item, 'device')} = %s AND {col(item, 'seq')} > %s AND {col(item, 'seq')} <= %s "
+             f"AND {col(item, 'acked_at')} IS NULL", ("now", "device", "after", "seq")),
+            (f"UPDATE {quote(device.db_table)} SET {col(device, 'acked_seq')} = %s "  # noqa: S608
+             f"WHERE {col(device, 'id')} = %s AND {col(device, 'acked_seq')} < %s AND {col(device, 'next_seq')} > %s",
+             ("seq", "device", "seq", "seq")),
+        ]
+    return statements
 
 
 # --- platform -> device calls -----------------------------------------------------------------
