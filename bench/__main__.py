@@ -13,6 +13,7 @@ output goes to the terminal as they run, and the table comes last (Markdown, as 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,11 +23,13 @@ from pathlib import Path
 from bench.report import load, table
 
 ROOT = Path(__file__).resolve().parent.parent
-# name -> the script's arguments for both configurations (each script prints its own progress)
-BENCHES: dict[str, list[str]] = {
-    "roundtrip": ["--config", "both"],
-    "tunnel": ["--config", "both"],
-    "deviceweb": ["--config", "both"],
+SCALED = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test", "REDIS_URL": "redis://127.0.0.1:6379/0"}
+# name -> its runs: (arguments, environment) each; every script starts its own daphne processes and
+# makes its own database (a fresh one beside DATABASE_URL's on PostgreSQL, dropped at the end)
+BENCHES: dict[str, list[tuple[list[str], dict[str, str]]]] = {
+    "roundtrip": [(["--config", "both"], {})],
+    "tunnel": [([], {}), ([], SCALED)],
+    "deviceweb": [(["--config", "both"], {})],
 }
 
 
@@ -43,15 +46,18 @@ def main(argv: list[str] | None = None) -> int:
         rows_file = Path(args.json or Path(tmp) / "rows.json")
         rows_file.write_text("[]")
         started, failed = time.monotonic(), []
+        base_env = {k: v for k, v in os.environ.items() if k not in SCALED}
         for name in names:
-            argv_bench = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *BENCHES[name], "--json", str(rows_file)]
-            if args.quick:
-                argv_bench.append("--quick")
-            print(f"\n##### {name}: {' '.join(argv_bench[1:])}", flush=True)
-            begun = time.monotonic()
-            if subprocess.run(argv_bench, cwd=ROOT).returncode != 0:
-                failed.append(name)
-            print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
+            for bench_args, bench_env in BENCHES[name]:
+                argv_bench = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *bench_args, "--json", str(rows_file)]
+                if args.quick:
+                    argv_bench.append("--quick")
+                shown = " ".join([*(f"{k}={v}" for k, v in bench_env.items()), *argv_bench[1:]])
+                print(f"\n##### {name}: {shown}", flush=True)
+                begun = time.monotonic()
+                if subprocess.run(argv_bench, cwd=ROOT, env={**base_env, **bench_env}).returncode != 0:
+                    failed.append(name)
+                print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
         rows = load(rows_file)
         print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)\n")
         print(table(rows))
