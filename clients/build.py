@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import py_compile
 import shutil
 import tempfile
 import zipapp
@@ -15,6 +16,9 @@ CLIENTS = {"ai1net-bridge": "clients.bridge", "ai1net-probe": "clients.probe"}
 VENDORED = ["websockets", "qrcode"]
 VENDOR_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "tests")
 ROOT = Path(__file__).resolve().parent
+# What runs on every hook event (``python -I -S ai1net-bridge.pyz … hook``): shipped compiled as well.
+HOT_MODULES = {"ai1net-bridge": ("clients.__init__", "clients.bridge.__init__", "clients.bridge.__main__",
+                                 "clients.bridge.hook")}
 
 
 def build(out_dir: Path) -> list[Path]:
@@ -30,12 +34,23 @@ def build(out_dir: Path) -> list[Path]:
                 spec = importlib.util.find_spec(dep)
                 assert spec and spec.origin, dep
                 shutil.copytree(Path(spec.origin).parent, stage / dep, ignore=VENDOR_IGNORE)
+            _precompile(stage, HOT_MODULES.get(name, ()))
             target = out_dir / f"{name}.pyz"
             zipapp.create_archive(
                 stage, target, interpreter="/usr/bin/env python3", main=f"{module}.__main__:main", compressed=True
             )
             built.append(target)
     return built
+
+
+def _precompile(stage: Path, modules: tuple[str, ...]) -> None:
+    """Bytecode beside the source for the modules that run on every call (zipimport reads ``x.pyc``
+    before ``x.py``; unchecked-hash, so no source timestamp is compared). Another Python version sees
+    a foreign magic number and compiles the source, as without them."""
+    for module in modules:
+        source = stage / (module.replace(".", "/") + ".py")
+        py_compile.compile(str(source), cfile=str(source.with_suffix(".pyc")), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
 
 
 def _has_entry_point(module: str) -> bool:
