@@ -246,7 +246,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.maybe_more = False
         self.pumping = False
         self.pump_again = False
-        self.wake_pending = False  # a doorbell or hand-over came before hello was done
+        self.wake_pending = False  # a doorbell came before hello was done
+        self.handed_early: list[tuple[int, str]] = []  # ... or items handed over (devices.live)
         self.outgoing: collections.deque[str] = collections.deque()  # deliver frames, in seq order
         self.sender: asyncio.Task | None = None
         self.ack_task: asyncio.Task | None = None
@@ -376,9 +377,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         }))
         # The hello's write saw next_seq as it is: read the outbox only when the device is behind it,
         # or when something rang while the hello was on its way.
+        early, self.handed_early = self.handed_early, []
         if self.wake_pending or device.next_seq - 1 > hello["ackedSeq"]:
             self.wake_pending = False
             self._background(self._pump())
+        elif early:  # e.g. what a device_connected receiver enqueued: sent as handed, or read if it must be
+            self.outbox_handed(sorted(early))
 
     async def _on_ack(self, params: dict[str, Any]) -> None:
         seq = params.get("seq")
@@ -420,7 +424,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
         stream = params.get("stream")
         if isinstance(stream, str) and stream in self.streams:
-            target = self.streams.pop(stream) if method in _STREAM_END else self.streams[stream]
+            last = method in _STREAM_END or params.get("end") is True  # the device's last word on it
+            target = self.streams.pop(stream) if last else self.streams[stream]
             await self._to_stream(target, stream, {"jsonrpc": "2.0", "method": method, "params": params})
             return
         if isinstance(stream, str) and method.startswith("web."):
@@ -491,7 +496,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self.closing:
             return
         if not self.hello_done:
-            self.wake_pending = True  # the hello reads the outbox after its write: it sees them
+            self.handed_early.extend(frames)  # committed: the hello sends them (or reads the outbox)
             return
         fresh = [(seq, frame) for seq, frame in frames if seq > self.last_sent]
         if not fresh:

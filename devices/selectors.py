@@ -4,8 +4,10 @@ import json
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db import connections, router
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
+from django.db.models.query import get_related_populators
 
 from ai1net.accounts.services import hash_secret
 from ai1net.exceptions import NotFound
@@ -31,9 +33,44 @@ def access_device(*, user: Any, device_id: Any) -> Device:
 
 
 def device_by_token(*, raw_token: str) -> Device | None:
+    """The device (with its owner) whose token this is. Every tunnel connect asks: the query is
+    compiled once per database vendor (compiling it cost several times what running it does)."""
     if not raw_token:
         return None
-    return Device.objects.select_related("owner").filter(token_hash=hash_secret(raw_token)).first()
+    db = router.db_for_read(Device)
+    conn = connections[db]
+    prepared = _TOKEN_READ.get(conn.vendor)
+    if prepared is None:
+        prepared = _TOKEN_READ[conn.vendor] = _prepare_token_read(db)
+    sql, compiler, converters, (start, end), init_list, populators = prepared
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [hash_secret(raw_token)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if converters:
+        row = next(iter(compiler.apply_converters([row], converters)))
+    device = Device.from_db(db, init_list, row[start:end])
+    for populator in populators:
+        populator.populate(row, device)
+    return device
+
+
+_TOKEN_READ: dict[str, tuple] = {}
+
+
+def _prepare_token_read(db: str) -> tuple:
+    """``Device.objects.select_related("owner").get(token_hash=...)`` taken apart as Django's
+    ModelIterable does it: the SQL, the column converters, and how a row becomes the two models."""
+    compiler = Device.objects.select_related("owner").filter(token_hash="?").order_by().query.get_compiler(using=db)
+    sql, params = compiler.as_sql()
+    if list(params) != ["?"]:
+        raise RuntimeError(f"unexpected parameters {params!r}")
+    converters = compiler.get_converters([column[0] for column in compiler.select[:compiler.col_count]])
+    klass_info = compiler.klass_info
+    start, end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
+    init_list = [column[0].target.attname for column in compiler.select[start:end]]
+    return sql, compiler, converters, (start, end), init_list, get_related_populators(klass_info, compiler.select, db)
 
 
 def outbox_unacked_after(*, device_id: Any, after_seq: int, limit: int) -> list[tuple[int, str, Any]]:

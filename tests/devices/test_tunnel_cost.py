@@ -124,3 +124,43 @@ async def test_an_item_enqueued_in_this_process_is_sent_without_reading_it_back(
     assert len(work(after)) <= 2, after  # the ack: the items and the device's acked_seq ...
     assert len(after) - len(work(after)) <= 1, after  # ... in one transaction (PostgreSQL: one commit)
     await dev.close()
+
+
+def test_the_token_read_compiled_once_gives_what_the_orm_gives(user):
+    from devices import selectors
+
+    device, token = services.device_create(owner=user, name="d", kind="bridge")
+    Device.objects.filter(pk=device.pk).update(capabilities=["mobile"], ports=[20001], channel_name="c")
+    for _ in range(2):  # the first call compiles, the second reuses
+        got = selectors.device_by_token(raw_token=token)
+        expected = Device.objects.select_related("owner").get(pk=device.pk)
+        assert got is not None and got.pk == device.pk
+        for field in Device._meta.concrete_fields:
+            assert getattr(got, field.attname) == getattr(expected, field.attname), field.name
+        assert got.owner.pk == user.pk and got.owner.username == user.username  # no query: selected with it
+        assert Device.owner.is_cached(got)
+    assert selectors.device_by_token(raw_token="ai1d_unknown") is None
+    assert selectors.device_by_token(raw_token="") is None
+
+
+async def test_what_a_connect_receiver_enqueues_is_sent_without_reading_the_outbox(user, statements):
+    from devices import signals
+
+    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
+
+    def enqueue_on_connect(sender, device, **kwargs):
+        services.outbox_enqueue(device=device, kind="hello.state", payload={"on": True})
+
+    signals.device_connected.connect(enqueue_on_connect, weak=False, dispatch_uid="t-enqueue-on-connect")
+    try:
+        statements.clear()
+        dev = FakeDevice(token)
+        await dev.open()
+        await dev.hello()
+        item = (await dev.delivers(1))[0]
+        assert item == {"seq": 1, "kind": "hello.state", "payload": {"on": True}}
+        await settle()
+        assert not [s for s in statements.sql if "devices_outboxitem" in s and s.lstrip().startswith("SELECT")]
+        await dev.close()
+    finally:
+        signals.device_connected.disconnect(dispatch_uid="t-enqueue-on-connect")
