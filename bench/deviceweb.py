@@ -234,15 +234,43 @@ class Figures:
     first_ms: float
     serial: float
     parallel: float
+    cpu_ms_per_mib: float = 0.0  # daphne + bridge CPU per MiB downloaded (0 for the direct path)
 
 
-def measure(client: httpx.Client, args: argparse.Namespace) -> Figures:
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: list[int]) -> dict[str, Figures]:
+    """Every figure of every client, run by run in turn (through, direct, through, direct ...), so a
+    change of load on the machine hits both sides of a ratio alike."""
     size = args.mb * MIB
-    download(client, 8 * MIB)  # warm up both ends
-    runs = [download(client, size) for _ in range(args.runs)]
-    serial = statistics.median(small_serial(client, args.small // 2) for _ in range(max(1, args.runs // 2)))
-    parallel = statistics.median(small_parallel(client, args.small) for _ in range(args.runs))
-    return Figures(statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), serial, parallel)
+    downloads: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
+    cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
+    serial: dict[str, list[float]] = {name: [] for name in clients}
+    parallel: dict[str, list[float]] = {name: [] for name in clients}
+    for client in clients.values():
+        download(client, 8 * MIB)  # warm up both ends
+    for _ in range(args.runs):
+        for name, client in clients.items():
+            before = cpu_seconds(pids)
+            downloads[name].append(download(client, size))
+            cpu[name] += cpu_seconds(pids) - before
+    for _ in range(max(1, args.runs // 2)):
+        for name, client in clients.items():
+            serial[name].append(small_serial(client, args.small // 2))
+    for _ in range(args.runs):
+        for name, client in clients.items():
+            parallel[name].append(small_parallel(client, args.small))
+    median = statistics.median
+    return {name: Figures(median(r[0] for r in downloads[name]), median(r[1] for r in downloads[name]),
+                          median(serial[name]), median(parallel[name]),
+                          1000 * cpu[name] / (size / MIB * args.runs) if name != "direct" else 0.0)
+            for name in clients}
 
 
 def print_pair(label: str, through: Figures, direct: Figures, mb: int) -> None:
@@ -255,6 +283,7 @@ def print_pair(label: str, through: Figures, direct: Figures, mb: int) -> None:
     line("  first byte (ms, p50)", through.first_ms, direct.first_ms, "12.2f")
     line("small requests, 1 client (req/s)", through.serial, direct.serial)
     line("small requests, 8 clients (req/s)", through.parallel, direct.parallel)
+    print(f"  {'daphne + bridge CPU (ms per MiB)':34} {through.cpu_ms_per_mib:12.2f}")
 
 
 def rows_for(config: str, through: Figures, direct: Figures, mb: int, note: str = "") -> list[Row]:
@@ -266,7 +295,7 @@ def rows_for(config: str, through: Figures, direct: Figures, mb: int, note: str 
         Row(f"device web {mb} MB download vs direct", config, f"{through.mibs:.1f} MiB/s",
             f"direct {direct.mibs:.1f} MiB/s", down, down, ">= 0.5", "x direct",
             [f"first byte {through.first_ms:.2f} ms through vs {direct.first_ms:.2f} ms direct ({first:.2f}x)",
-             *extra]),
+             f"daphne + bridge CPU {through.cpu_ms_per_mib:.2f} ms per MiB", *extra]),
         Row("device web first byte vs direct", config, f"{through.first_ms:.2f} ms p50",
             f"direct {direct.first_ms:.2f} ms p50", first, first, "<= 3", "x direct", extra),
         Row("device web small requests, 8 clients vs direct", config, f"{through.parallel:.0f} req/s",
@@ -296,23 +325,27 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
             layer = "Redis" if daphnes == 2 else "in-memory"
             print(f"\n== {config}: {layer} channel layer, {daphnes} daphne; median of {args.runs} runs; "
                   f"ratio = through the tunnel / straight to the local service", flush=True)
-            through = measure(tunnel, args)
-            straight = measure(direct, args)
+            clients = {"through": tunnel, "direct": direct}
+            if daphnes == 2:
+                clients["cross"] = browser(world, world.servers[1])
+            pids = [proc.pid for proc in world.procs if "upstream.py" not in " ".join(map(str, proc.args))]
+            figures = measure(clients, args, pids)
+            through, straight = figures["through"], figures["direct"]
             if daphnes == 1:
                 print_pair(f"{config}", through, straight, args.mb)
                 rows = rows_for(config, through, straight, args.mb)
             else:
                 print_pair(f"{config}: request on daphne A, which holds the tunnel (in-process route)",
                            through, straight, args.mb)
-                other = browser(world, world.servers[1])
-                cross = measure(other, args)
+                cross = figures["cross"]
                 print_pair(f"{config}: request on daphne B, the tunnel on A (cross-process, Redis layer)",
                            cross, straight, args.mb)
                 rows = rows_for(config, through, straight, args.mb, "request on the daphne holding the tunnel")
                 rows += rows_for(f"{config} (cross-process)", cross, straight, args.mb,
                                  "request on the other daphne: frames cross through Redis")
             if args.hold:
-                print(f"holding ({world.pids()}); tunnel {tunnel.base_url} as {world.username}; Ctrl-C to end", flush=True)
+                print(f"holding ({world.pids()}); tunnel {tunnel.base_url} as {world.username}; Ctrl-C to end",
+                      flush=True)
                 with contextlib.suppress(KeyboardInterrupt):
                     while True:
                         time.sleep(3600)

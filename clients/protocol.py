@@ -168,7 +168,8 @@ def _dump(message: Message) -> str:
 # declared the capability, and then both ends of that stream use binary frames for its data, chunks up to
 # WEB_BIN_CHUNK_BYTES and a window of WEB_BIN_WINDOW_BYTES. A stream opened without the flag (an older
 # platform), or by a device without the capability (an older bridge), stays on the text frames and the
-# smaller window below: both generations keep working together, no version bump.
+# smaller window below: both generations keep working together, no version bump. A binary stream's small
+# response may also come whole in its web.response (WEB_INLINE_BODY_BYTES).
 # Flow control: each side may have at most WEB_WINDOW_BYTES of a stream's data in flight; a frame
 # costs web_frame_cost(len(payload)) and the receiver returns credit as it hands data on. A slow
 # reader therefore stalls only its own stream, and no stream has more than WEB_WINDOW_BYTES /
@@ -198,6 +199,9 @@ WEB_BIN_DATA = 1  # web.data {stream, seq, data}
 WEB_BIN_WS = 2  # web.ws_frame {stream, seq, data} (a binary WebSocket message; text ones stay JSON)
 WEB_BIN_CHUNK_BYTES = 1024 * 1024  # raw bytes per binary web.data (a frame is this + at most 106 bytes)
 WEB_BIN_WINDOW_BYTES = 8 * 1024 * 1024  # a binary stream's window, each way
+# On a binary stream, a response whose whole body is at most this long comes as one frame:
+# web.response {stream, status, reason, headers, end: true, body: base64} (no web.data, no web.end).
+WEB_INLINE_BODY_BYTES = 64 * 1024
 WEB_MAX_HEAD_BYTES = 64 * 1024  # request or response line + headers
 WEB_MAX_HEADERS = 100
 

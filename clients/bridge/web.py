@@ -338,10 +338,16 @@ class HttpStream(_Stream):
                 status, reason, response_headers = await self._read_head(reader)
                 framing = _framing(method, status, response_headers)
                 keep = HOP_BY_HOP - {"content-length"} if framing[0] != "chunked" else HOP_BY_HOP
-                await self.send(protocol.WEB_RESPONSE, {
-                    "status": status, "reason": reason,
-                    "headers": [[n, v] for n, v in response_headers if n.lower() not in keep],
-                })
+                head = {"status": status, "reason": reason,
+                        "headers": [[n, v] for n, v in response_headers if n.lower() not in keep]}
+                if self.binary and (framing[0] == "none" or (
+                        framing[0] == "length" and framing[1] <= protocol.WEB_INLINE_BODY_BYTES)):
+                    # A small (or no) body rides in the head's frame: one frame instead of three.
+                    body = await self._read_exactly(reader, framing[1]) if framing[0] == "length" else b""
+                    await self.send(protocol.WEB_RESPONSE, dict(head, end=True,
+                                                                body=base64.b64encode(body).decode("ascii")))
+                    return
+                await self.send(protocol.WEB_RESPONSE, head)
                 await self._download(reader, framing)
             except asyncio.CancelledError:
                 if self.upload_error is not None:  # a broken upload (seq gap, overflow) ends the stream
@@ -415,6 +421,12 @@ class HttpStream(_Stream):
             if not 200 <= status <= 599:
                 raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, f"unexpected status {status}")
             return status, parts[2] if len(parts) > 2 else "", headers
+
+    async def _read_exactly(self, reader: asyncio.StreamReader, size: int) -> bytes:
+        try:
+            return await self._wait(lambda: reader.readexactly(size), "data from the local server")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended the body early") from None
 
     async def _read(self, reader: asyncio.StreamReader, size: int) -> bytes:
         try:

@@ -36,6 +36,7 @@ from devices.web.gates import check_device_web, device_web_fast
 logger = logging.getLogger(__name__)
 
 TWISTED_REQUEST = "ai1net.twisted_request"
+SEND_BYTES = protocol.WEB_BIN_CHUNK_BYTES
 
 
 class Writable:
@@ -84,6 +85,10 @@ class Writable:
                 transport.setTcpNoDelay(True)
             except OSError:
                 logger.debug("no TCP_NODELAY on %r", transport, exc_info=True)
+        # Twisted hands the socket at most SEND_LIMIT (128 KiB) per write call, one call per turn of the
+        # loop; a body chunk of the tunnel is up to WEB_BIN_CHUNK_BYTES.
+        if isinstance(getattr(transport, "SEND_LIMIT", None), int) and transport.SEND_LIMIT < SEND_BYTES:
+            transport.SEND_LIMIT = SEND_BYTES
 
     def abort(self) -> None:
         """Drop the browser's connection: a response that broke mid-way must not look complete."""
@@ -275,6 +280,16 @@ class HttpStream:
                 self.credit.add(params.get("bytes"))
             elif method == protocol.WEB_RESPONSE and not self.started:
                 await self._start(params)
+                if params.get("end") is True:  # the whole (small) body came with the head
+                    self.device_done = True
+                    body = params.get("body")
+                    try:
+                        body = base64.b64decode(body or "", validate=True) if isinstance(body, str) else b""
+                    except (binascii.Error, ValueError):
+                        raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
+                                                   "detail": "the device sent a body that is not base64"}) from None
+                    await self._finish(body)
+                    return
             elif method == protocol.WEB_DATA and self.started:
                 if params.get("seq") != expected:
                     raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "a frame was lost"})
@@ -282,9 +297,7 @@ class HttpStream:
                 await self._body(params)
             elif method == protocol.WEB_END and self.started:
                 self.device_done = True
-                self.writable.close()  # before the last write: Twisted finishes the request on it
-                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-                self.finished = True
+                await self._finish(b"")
                 return
             elif method == protocol.WEB_RESET:
                 self.device_done = True
@@ -292,6 +305,11 @@ class HttpStream:
             else:
                 raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
                                            "detail": f"unexpected {method} from the device"})
+
+    async def _finish(self, body: bytes) -> None:
+        self.writable.close()  # before the last write: Twisted finishes the request on it
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        self.finished = True
 
     async def _start(self, params: dict[str, Any]) -> None:
         status = params.get("status")
@@ -303,7 +321,8 @@ class HttpStream:
         self.started = True
         self.writable = Writable(self.scope.get(TWISTED_REQUEST))
         self.writable.no_delay()
-        await self.send({"type": "http.response.body", "body": b"", "more_body": True})  # headers out now (SSE)
+        if params.get("end") is not True:
+            await self.send({"type": "http.response.body", "body": b"", "more_body": True})  # headers out now (SSE)
 
     async def _body(self, params: dict[str, Any]) -> None:
         chunk = params.get("raw")  # a binary frame's bytes

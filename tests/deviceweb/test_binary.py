@@ -93,7 +93,7 @@ async def test_the_bridge_sends_binary_frames_under_the_binary_window_and_takes_
 
     async def notify(method: str, params: dict, generation: int) -> bool:
         text.append((method, params))
-        if method == protocol.WEB_END:
+        if method == protocol.WEB_END or params.get("end") is True:
             done.set()
         progress.set()
         return True
@@ -136,6 +136,9 @@ async def test_the_bridge_sends_binary_frames_under_the_binary_window_and_takes_
         forwarder.handle(protocol.WEB_END, {"stream": "up"})
         await asyncio.wait_for(done.wait(), 10)
         assert bytes(uploaded) == body
+        # ... and its small answer came whole in one web.response (no web.data, no web.end).
+        answer = [p for m, p in text if p["stream"] == "up" and m != protocol.WEB_CREDIT]
+        assert len(answer) == 1 and answer[0]["end"] is True and answer[0]["body"] == "b2s="
     finally:
         await forwarder.close()
         server.close()
