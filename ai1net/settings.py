@@ -74,6 +74,23 @@ if DEVICE_WEB_HOST:
 PROBES_APPROVAL_TTL_SEC = int(os.environ.get("AI1NET_PROBES_APPROVAL_TTL_SEC", "900"))
 PROBES_TOKEN_APPROVALS = env_bool("AI1NET_PROBES_TOKEN_APPROVALS", False)
 
+# Notifications (notify): Web Push to the phones a user subscribed from /m/, and an ntfy topic. They say
+# only "an agent is waiting" and a count. VAPID keys: AI1NET_VAPID_PRIVATE_KEY (raw 32-byte key or DER,
+# base64url, or PEM) and AI1NET_VAPID_PUBLIC_KEY (optional: derived, must match when given). Unset while
+# debug is on: generated once into VAPID_KEY_FILE (ignored by git). Unset with debug off: Web Push is off
+# (ntfy still works); a half-configured key pair is a `check --deploy` warning (notify.W001-W003).
+VAPID_PRIVATE_KEY = os.environ.get("AI1NET_VAPID_PRIVATE_KEY", "").strip()
+VAPID_PUBLIC_KEY = os.environ.get("AI1NET_VAPID_PUBLIC_KEY", "").strip()
+VAPID_SUBJECT = os.environ.get("AI1NET_VAPID_SUBJECT", "").strip() or (
+    PUBLIC_URL if PUBLIC_URL.startswith("https://") else "mailto:ai1net@localhost")
+VAPID_KEY_FILE = BASE_DIR / ".vapid.json" if DEBUG else None
+# Push targets (subscription endpoints, ntfy URLs) must be https on public addresses; with debug on,
+# http and loopback/private addresses are allowed too (local push services and ntfy servers).
+NOTIFY_ALLOW_PRIVATE_TARGETS = DEBUG
+NOTIFY_COALESCE_SEC = float(os.environ.get("AI1NET_NOTIFY_COALESCE_SEC", "5"))  # one push per user per window
+NOTIFY_TIMEOUT_SEC = float(os.environ.get("AI1NET_NOTIFY_TIMEOUT_SEC", "5"))  # per request to a push service
+NOTIFY_TTL_SEC = int(os.environ.get("AI1NET_NOTIFY_TTL_SEC", "900"))  # how long a push service keeps it
+
 # Device tunnel and pairing (devices app). Tests and the end-to-end runs lower these.
 DEVICE_HEARTBEAT_SEC = float(os.environ.get("AI1NET_HEARTBEAT_SEC", "20"))
 DEVICE_EPHEMERAL_GRACE_SEC = float(os.environ.get("AI1NET_EPHEMERAL_GRACE_SEC", "30"))
@@ -111,6 +128,7 @@ INSTALLED_APPS = [
     "im",
     "mobile",
     "probes",
+    "notify",
 ]
 
 MIDDLEWARE = [

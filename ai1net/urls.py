@@ -15,6 +15,7 @@ urlpatterns = [
     path("", include("im.urls")),
     path("", include("mobile.urls")),
     path("", include("probes.urls")),
+    path("", include("notify.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
