@@ -486,6 +486,21 @@ async def echo_ready(url: str, i: int):
     return ws
 
 
+def commit_floor(url: str, samples: int) -> list[float]:
+    """One durable commit on this PostgreSQL (an autocommit INSERT of one row): the floor under any
+    path that must write before it answers."""
+    import psycopg
+
+    times = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE bench_commit_probe (n int)")
+        for n in range(samples):
+            start = time.perf_counter()
+            conn.execute("INSERT INTO bench_commit_probe VALUES (%s)", [n])
+            times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
 def ms(values: list[float]) -> str:
     return f"p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms"
 
@@ -493,6 +508,9 @@ def ms(values: list[float]) -> str:
 async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, str]], args,
                    profiler: Profiler) -> list[Row]:
     rows: list[Row] = []
+    floor = commit_floor(args.database_url, 200) if args.database_url.startswith("postgres") else []
+    if floor:
+        print(f"  one durable commit (autocommit INSERT): {ms(floor)}")
     tunnel_server = servers[-1]
     pairs = [("same process", tunnel_server, None)]
     if len(servers) > 1:
@@ -507,6 +525,9 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         if len(servers) > 1:
             path += f" (enqueued on the {'tunnel' if relay is None else 'other'}'s daphne)".replace("tunnel's", "tunnel")
         baseline = f"echo {ms(got['echo'])}"
+        if floor:
+            notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "
+                         "(the enqueue, the ack)")
         if relay:
             notes.append(f"a bare frame relayed from the other daphne through the layer: {ms(got['relay'])} "
                          f"(deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['relay'], .99):.2f}x that)")
@@ -625,6 +646,7 @@ async def main() -> None:
         env.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
         env.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                     "AI1NET_HEARTBEAT_SEC": str(args.heartbeat), "AI1NET_REDIS_PREFIX": f"bench{os.getpid()}"})
+        args.database_url = env["DATABASE_URL"]
         devices = prepare_database(env, max([args.connects, *args.tunnels]) + 2)
         tokens = [token for _, token in devices]
         print(f"{config}: database {env['DATABASE_URL'].split('@')[-1]}, logs in {workdir}")
