@@ -235,6 +235,7 @@ class Figures:
     serial: float
     parallel: float
     cpu_ms_per_mib: float = 0.0  # daphne + bridge CPU per MiB downloaded (0 for the direct path)
+    cpu_ms_per_request: float = 0.0  # daphne + bridge CPU per small request (8 clients)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -251,6 +252,7 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: li
     size = args.mb * MIB
     downloads: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
     cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
+    cpu_small: dict[str, float] = dict.fromkeys(clients, 0.0)
     serial: dict[str, list[float]] = {name: [] for name in clients}
     parallel: dict[str, list[float]] = {name: [] for name in clients}
     for client in clients.values():
@@ -265,11 +267,14 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: li
             serial[name].append(small_serial(client, args.small // 2))
     for _ in range(args.runs):
         for name, client in clients.items():
+            before = cpu_seconds(pids)
             parallel[name].append(small_parallel(client, args.small))
+            cpu_small[name] += cpu_seconds(pids) - before
     median = statistics.median
     return {name: Figures(median(r[0] for r in downloads[name]), median(r[1] for r in downloads[name]),
                           median(serial[name]), median(parallel[name]),
-                          1000 * cpu[name] / (size / MIB * args.runs) if name != "direct" else 0.0)
+                          1000 * cpu[name] / (size / MIB * args.runs) if name != "direct" else 0.0,
+                          1000 * cpu_small[name] / (args.small * args.runs) if name != "direct" else 0.0)
             for name in clients}
 
 
@@ -284,6 +289,7 @@ def print_pair(label: str, through: Figures, direct: Figures, mb: int) -> None:
     line("small requests, 1 client (req/s)", through.serial, direct.serial)
     line("small requests, 8 clients (req/s)", through.parallel, direct.parallel)
     print(f"  {'daphne + bridge CPU (ms per MiB)':34} {through.cpu_ms_per_mib:12.2f}")
+    print(f"  {'daphne + bridge CPU (ms per request)':34} {through.cpu_ms_per_request:12.2f}")
 
 
 def rows_for(config: str, through: Figures, direct: Figures, mb: int, note: str = "") -> list[Row]:
@@ -301,7 +307,8 @@ def rows_for(config: str, through: Figures, direct: Figures, mb: int, note: str 
         Row("device web small requests, 8 clients vs direct", config, f"{through.parallel:.0f} req/s",
             f"direct {direct.parallel:.0f} req/s", small, small, ">= 0.4", "x direct",
             [f"1 client in a row: {through.serial:.0f} vs {direct.serial:.0f} req/s "
-             f"({through.serial / direct.serial:.2f}x)", *extra]),
+             f"({through.serial / direct.serial:.2f}x)",
+             f"daphne + bridge CPU {through.cpu_ms_per_request:.2f} ms per request", *extra]),
     ]
 
 

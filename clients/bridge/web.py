@@ -27,6 +27,7 @@ CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0  # no credit, no data from either side for this long: give the stream up
 LIVENESS_TICK = 1.0  # how often a waiting stream checks that its tunnel connection is still the same
 LOOPBACK = "127.0.0.1"
+FIRST_CHUNK = 32 * 1024
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
@@ -167,6 +168,7 @@ class _Stream:
         self.binary = params.get("binary") is True and forwarder.send_binary is not None
         self.window = protocol.web_window(self.binary)
         self.chunk = protocol.web_chunk(self.binary)
+        self.ramp = FIRST_CHUNK  # the first frames of a body are small (its first byte goes out at once)
         self.credit = self.window  # what we may still send
         self.credit_changed = asyncio.Event()
         self.send_seq = 0
@@ -253,6 +255,11 @@ class _Stream:
         if self.unreturned >= self.window // 4:
             amount, self.unreturned = self.unreturned, 0
             await self.send(protocol.WEB_CREDIT, {"bytes": amount})
+
+    def next_size(self) -> int:
+        """How much the next data frame may carry: FIRST_CHUNK, doubling frame by frame up to the chunk."""
+        size, self.ramp = min(self.ramp, self.chunk), min(self.ramp * 2, self.chunk)
+        return size
 
     async def take_credit(self, size: int) -> None:
         cost = protocol.web_frame_cost(size, self.window)
@@ -440,7 +447,7 @@ class HttpStream(_Stream):
             return
         if kind == "length":
             while remaining > 0:
-                data = await self._read(reader, min(remaining, self.chunk))
+                data = await self._read(reader, min(remaining, self.next_size()))
                 if not data:
                     raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended the body early")
                 remaining -= len(data)
@@ -448,7 +455,7 @@ class HttpStream(_Stream):
             return
         if kind == "close":
             while True:
-                data = await self._read(reader, self.chunk)
+                data = await self._read(reader, self.next_size())
                 if not data:
                     return
                 await self.send_data(data)
@@ -464,7 +471,7 @@ class HttpStream(_Stream):
                     pass  # trailers are dropped
                 return
             while size > 0:
-                data = await self._read(reader, min(size, self.chunk))
+                data = await self._read(reader, min(size, self.next_size()))
                 if not data:
                     raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended a chunk early")
                 size -= len(data)
