@@ -278,6 +278,39 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: li
             for name in clients}
 
 
+def layer_ceiling(prefix: str, count: int = 200) -> tuple[float, float]:
+    """The Redis channel layer alone, one process sending to a channel it reads (the cross-process route's
+    hop, both ends' CPU on one core): (MiB/s of 1 MiB data-frame messages, messages/s of small ones)."""
+    import asyncio
+
+    from channels_redis.core import RedisChannelLayer
+
+    async def run() -> tuple[float, float]:
+        layer = RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}], prefix=f"{prefix}:ceiling",
+                                  capacity=1000, expiry=30)
+        channel = await layer.new_channel()
+        results = []
+        for size, n in ((MIB, count // 4), (200, count * 5)):
+            message = {"type": "device.stream", "stream": "s" * 24, "frame": {
+                "method": "web.data", "params": {"stream": "s" * 24, "seq": 0, "raw": b"x" * size}}}
+
+            async def send(n: int = n, message: dict = message) -> None:
+                for _ in range(n):
+                    await layer.send(channel, message)
+
+            started = time.perf_counter()
+            sender = asyncio.ensure_future(send())
+            for _ in range(n):
+                await layer.receive(channel)
+            await sender
+            elapsed = time.perf_counter() - started
+            results.append(n * size / MIB / elapsed if size == MIB else n / elapsed)
+        await layer.flush()
+        return results[0], results[1]
+
+    return asyncio.run(run())
+
+
 def print_pair(label: str, through: Figures, direct: Figures, mb: int) -> None:
     def line(name: str, a: float, b: float, fmt: str = "12.1f") -> None:
         print(f"  {name:34} {a:{fmt}} {b:{fmt}} {a / b:7.3f}", flush=True)
@@ -348,8 +381,12 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
                 print_pair(f"{config}: request on daphne B, the tunnel on A (cross-process, Redis layer)",
                            cross, straight, args.mb)
                 rows = rows_for(config, through, straight, args.mb, "request on the daphne holding the tunnel")
+                mibs, messages = layer_ceiling(world.env["AI1NET_REDIS_PREFIX"])
+                print(f"  Redis channel layer alone (send + receive in one process): {mibs:.0f} MiB/s of 1 MiB "
+                      f"messages, {messages:.0f} small messages/s", flush=True)
                 rows += rows_for(f"{config} (cross-process)", cross, straight, args.mb,
-                                 "request on the other daphne: frames cross through Redis")
+                                 "request on the other daphne: frames cross through Redis; the layer alone carries "
+                                 f"{mibs:.0f} MiB/s of 1 MiB messages and {messages:.0f} small messages/s here")
             if args.hold:
                 print(f"holding ({world.pids()}); tunnel {tunnel.base_url} as {world.username}; Ctrl-C to end",
                       flush=True)
