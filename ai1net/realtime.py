@@ -44,14 +44,36 @@ async def _send(group: str, message: dict[str, Any]) -> None:
         logger.exception("could not send %s to %s", message.get("type"), group)
 
 
+# Events for people's pages (im.events, mobile.events) travel as ``app.event``; several of them waiting
+# for the same group leave as one ``app.events`` layer message (a question posts a room message and its
+# panel: one send, not two). Every consumer of those groups handles both types.
+APP_EVENT, APP_EVENTS = "app.event", "app.events"
+MAX_BATCH = 50
+
+
+def _batch(queue: collections.deque) -> tuple[dict[str, Any], int]:
+    """The next layer message to send for this queue and how many queued messages it covers."""
+    head = queue[0]
+    if head.get("type") != APP_EVENT or len(queue) == 1 or queue[1].get("type") != APP_EVENT:
+        return head, 1
+    events = []
+    for message in queue:
+        if message.get("type") != APP_EVENT or len(events) == MAX_BATCH:
+            break
+        events.append(message["event"])
+    return {"type": APP_EVENTS, "events": events}, len(events)
+
+
 async def _drain(queues: dict[str, collections.deque], group: str) -> None:
     queue = queues[group]
     try:
         while queue:
+            message, count = _batch(queue)
             try:
-                await _send(group, queue[0])
-            finally:
-                queue.popleft()
+                await _send(group, message)
+            finally:  # only now: while they are queued, no second drainer starts for this group
+                for _ in range(count):
+                    queue.popleft()
     finally:  # emptied, or cancelled with the loop: the next hand-over starts a fresh queue and drainer
         if queues.get(group) is queue:
             del queues[group]

@@ -44,3 +44,8 @@ class RoomConsumer(AsyncJsonWebsocketConsumer):
 
     async def app_event(self, message: dict) -> None:
         await self.send_json(message["event"])
+
+    async def app_events(self, message: dict) -> None:
+        """Several events of one commit in one layer message (ai1net.realtime), sent in order."""
+        for event in message["events"]:
+            await self.send_json(event)

@@ -48,10 +48,21 @@ class MobileConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "pong"})
 
     async def app_event(self, message: dict) -> None:
-        event = message["event"]
+        await self._forward(message["event"])
+
+    async def app_events(self, message: dict) -> None:
+        """Several events of one commit in one layer message (ai1net.realtime), sent in order."""
+        for event in message["events"]:
+            if not await self._forward(event):
+                return
+
+    async def _forward(self, event: dict) -> bool:
+        """Send one event; False once the socket is closed (mobile reply was turned off)."""
         await self.send_json(event)
         if event.get("type") == events.SWITCH_CHANGED and not event.get("enabled"):
             await self.close(code=CLOSE_NOT_ALLOWED)
+            return False
+        return True
 
     async def devices_presence_changed(self, message: dict) -> None:
         await self.send_json({"type": "devices.presence.changed", **_presence(message)})

@@ -50,3 +50,36 @@ async def test_groups_are_drained_side_by_side_each_in_order(monkeypatch):
         release.set()
         await layer.group_discard("rt.slow", slow_channel)
         await layer.group_discard("rt.fast", fast_channel)
+
+
+async def test_app_events_waiting_for_one_group_leave_as_one_layer_message_in_order(monkeypatch):
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add("rt.batch", channel)
+    emitted = asyncio.Event()
+    real_send = realtime._send
+
+    async def send(group, message):
+        await emitted.wait()  # the first send is still on its way while the rest queue up
+        await real_send(group, message)
+
+    monkeypatch.setattr(realtime, "_send", send)
+
+    def emit():
+        # As one commit's callbacks do: handed over back to back from the worker thread.
+        realtime.group_send_now("rt.batch", {"type": "other.kind", "n": 0})
+        for i in range(3):
+            realtime.group_send_now("rt.batch", {"type": realtime.APP_EVENT, "event": {"i": i}})
+        realtime.group_send_now("rt.batch", {"type": "other.kind", "n": 1})
+        realtime.group_send_now("rt.batch", {"type": realtime.APP_EVENT, "event": {"i": 3}})
+
+    try:
+        await sync_to_async(emit, thread_sensitive=False)()
+        await asyncio.sleep(0.05)  # the loop takes every hand-over
+        emitted.set()
+        got = [await asyncio.wait_for(layer.receive(channel), 3) for _ in range(4)]
+        assert [m["type"] for m in got] == ["other.kind", "app.events", "other.kind", "app.event"]
+        assert got[1]["events"] == [{"i": 0}, {"i": 1}, {"i": 2}] and got[3]["event"] == {"i": 3}
+    finally:
+        emitted.set()
+        await layer.group_discard("rt.batch", channel)
