@@ -46,6 +46,31 @@ class Dispatcher:
         except Exception:  # noqa: BLE001 - a notice must never break the question that caused it
             logger.exception("notify: could not schedule a notice")
 
+    def waiting_for_device(self, device_id: Any) -> None:
+        """The same, when only the question's device is known: its owner is looked up in the pool."""
+        try:
+            with self._lock:
+                self._start()
+                pool = self._pool
+            assert pool is not None
+            pool.submit(self._device_owner_waiting, device_id)
+        except Exception:  # noqa: BLE001 - as in waiting()
+            logger.exception("notify: could not schedule a notice")
+
+    def _device_owner_waiting(self, device_id: Any) -> None:
+        from devices.models import Device
+
+        close_old_connections()
+        try:
+            owner_id = Device.objects.filter(pk=device_id).values_list("owner_id", flat=True).first()
+        except Exception:  # noqa: BLE001 - a background lookup reports in the log, never to a caller
+            logger.exception("notify: looking up a device's owner failed")
+            return
+        finally:
+            connection.close()
+        if owner_id is not None:
+            self.waiting(owner_id)
+
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="notify-send")

@@ -21,5 +21,9 @@ from notify.dispatch import dispatcher
 def on_question_created(sender: Any, instance: Question, created: bool, raw: bool = False, **kwargs: Any) -> None:
     if not created or raw or instance.state != Question.State.PENDING:
         return
-    owner_id = instance.device.owner_id
-    transaction.on_commit(lambda: dispatcher.waiting(owner_id))
+    if Question.device.is_cached(instance):
+        owner_id = instance.device.owner_id
+        transaction.on_commit(lambda: dispatcher.waiting(owner_id))
+    else:  # the owner is looked up by the dispatcher's pool, not here
+        device_id = instance.device_id
+        transaction.on_commit(lambda: dispatcher.waiting_for_device(device_id))

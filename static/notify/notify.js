@@ -112,6 +112,12 @@
   }
   navigator.serviceWorker.register("/m/sw.js", { scope: "/m/" }).then(function (reg) {
     registration = reg;
+    return api("GET", "/api/notify/vapid-public-key");
+  }).then(function (key) {
+    if (!key.enabled) {
+      show("push is off on this platform", false);
+      return null;
+    }
     return refresh();
   }).catch(function (error) {
     show("unavailable: " + error.message, false);

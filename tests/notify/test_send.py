@@ -8,6 +8,8 @@ import time
 
 import http_ece
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ai1net.accounts.models import AuditEntry
 from mobile.models import Question
@@ -203,3 +205,30 @@ def test_a_stored_target_that_became_private_is_not_contacted(mobile_user, bridg
     assert services.notify_user_waiting(user_id=mobile_user.pk)["failed"] == 2
     assert push_service.received == []
     assert PushSubscription.objects.get().failures == 1 and NtfyTarget.objects.get().failures == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_question_saved_without_its_device_loaded_still_notifies(mobile_user, bridge, push_service, browser_keys):
+    endpoint = f"{push_service.url}/push/phone"
+    services.subscription_create(user=mobile_user, endpoint=endpoint, **browser_keys.subscription(endpoint)["keys"])
+    question, _ = ask(bridge)
+    wait_until(lambda: push_service.for_path("/push/phone"), timeout=10, message="the first push")
+    push_service.received.clear()
+    time.sleep(0.4)  # past the coalescing window of the first notice
+    copy = Question.objects.get(pk=question.pk)  # device not loaded: the receiver must not query for it
+    copy.pk = None
+    copy.id = "00000000-0000-4000-8000-000000000001"
+    with CaptureQueriesContext(connection) as queries:
+        copy.save(force_insert=True)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    wait_until(lambda: push_service.for_path("/push/phone"), timeout=10, message="the push")
+    assert json.loads(decrypt(push_service.received[0], browser_keys))["count"] == 2
+
+
+@pytest.mark.django_db
+def test_the_question_path_runs_no_notify_query(mobile_user, bridge, push_service, browser_keys):
+    endpoint = f"{push_service.url}/push/phone"
+    services.subscription_create(user=mobile_user, endpoint=endpoint, **browser_keys.subscription(endpoint)["keys"])
+    with CaptureQueriesContext(connection) as queries:
+        ask(bridge)
+    assert not [q["sql"] for q in queries if "notify_" in q["sql"]]
