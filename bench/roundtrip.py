@@ -211,6 +211,9 @@ class World:
         self.procs: list[Proc] = []
         self.server_ms: list[float] = []
         self.server_cpu_ms: list[float] = []
+        self.floor_ms: list[float] = []
+        self.floor_cpu_ms: list[float] = []
+        self.last_body: dict = {}
         self.phone: httpx.AsyncClient | None = None
         self.daemon: Daemon | None = None
         self.answer_ms: list[float] = []
@@ -297,13 +300,25 @@ class World:
         start = time.perf_counter()
         response = await self.phone.post("/api/mobile/answer", json=body, headers=self.csrf)
         self.answer_ms.append(ms(start, time.perf_counter()))
+        self._timing(response, self.server_ms, self.server_cpu_ms)
+        if response.status_code != 200:
+            raise RuntimeError(f"answer refused: {response.status_code} {response.text[:300]}")
+        self.last_body = body
+
+    async def floor(self) -> None:
+        """The same POST to ``/bench/floor`` (bench/roundtrip_asgi.py): the stack without the answer."""
+        response = await self.phone.post("/bench/floor", json=self.last_body, headers=self.csrf)
+        if response.status_code != 200:
+            raise RuntimeError(f"floor refused: {response.status_code} {response.text[:300]}")
+        self._timing(response, self.floor_ms, self.floor_cpu_ms)
+
+    @staticmethod
+    def _timing(response: httpx.Response, wall: list[float], cpu: list[float]) -> None:
         timing = dict(part.strip().split(";dur=", 1) for part in response.headers.get("server-timing", "").split(",")
                       if ";dur=" in part)
         if "app" in timing:
-            self.server_ms.append(float(timing["app"]))
-            self.server_cpu_ms.append(float(timing.get("cpu", "nan")))
-        if response.status_code != 200:
-            raise RuntimeError(f"answer refused: {response.status_code} {response.text[:300]}")
+            wall.append(float(timing["app"]))
+            cpu.append(float(timing.get("cpu", "nan")))
 
     async def stop(self) -> None:
         if self.reader:
@@ -455,6 +470,8 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
         world.answer_ms.clear()
         world.server_ms.clear()
         world.server_cpu_ms.clear()
+        world.floor_ms.clear()
+        world.floor_cpu_ms.clear()
         for n in range(args.questions):  # interleaved, so both see the same conditions
             a, b = await one_hook_question(world, n)
             hook1.append(a)
@@ -462,6 +479,8 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
             a, b = await one_local_question(world, n)
             local1.append(a)
             local2.append(b)
+            await world.floor()  # between the questions, outside their timings
+            await world.floor()
         echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", echo_samples)
     finally:
         await world.stop()
@@ -479,6 +498,8 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
         ("  of which phone POST /api/mobile/answer", world.answer_ms),
         ("  of which server time (Server-Timing)", world.server_ms),
         ("  server CPU meanwhile (Server-Timing cpu)", world.server_cpu_ms),
+        ("floor: same POST, stack only (/bench/floor)", world.floor_ms),
+        ("  floor: server CPU meanwhile", world.floor_cpu_ms),
         ("hook total: leg 1 + leg 2", [a + b for a, b in zip(hook1, hook2, strict=True)]),
         ("local total: leg 1 + leg 2", [a + b for a, b in zip(local1, local2, strict=True)]),
     ]
@@ -526,7 +547,10 @@ def report_rows(config: str, echo: list[float], startup: dict[str, list[float]],
                "commit), bench/roundtrip_asgi.py",
                f"CPU time of the phone's daphne process meanwhile: median {pct(world.server_cpu_ms or [0.0], 0.5):.2f}"
                f" ms (the rest of the wall time is waiting: for the database, for a core; 1-min load average "
-               f"{os.getloadavg()[0]:.1f} at the end)"])
+               f"{os.getloadavg()[0]:.1f} at the end)",
+               f"floor, the same POST through the same stack (middleware, session, user, DRF view, switch and "
+               f"two-factor checks, serializer) without the answer (/bench/floor): median "
+               f"{pct(world.floor_ms or [0.0], 0.5):.2f} ms, CPU {pct(world.floor_cpu_ms or [0.0], 0.5):.2f} ms"])
     return [leg1, leg2, post]
 
 

@@ -1,4 +1,5 @@
-"""``bench.bench_asgi`` plus a ``Server-Timing`` header on every HTTP response (the roundtrip benchmark).
+"""``bench.bench_asgi`` plus a ``Server-Timing`` header on every HTTP response (the roundtrip benchmark),
+and the answer POST's framework floor.
 
 ``app;dur=<ms>`` is the time the daphne process spent on the request: from the moment daphne handed the
 parsed request to the application (the ASGI call) to the moment the application started its response
@@ -8,14 +9,51 @@ before and the body write after, which the client-side time beside it includes. 
 CPU time the whole process used meanwhile (every thread: the view's worker and the event loop), which
 on a busy machine tells the work apart from the wait for a core; during a phone POST the phone's daphne
 does little else, so it is close to the request's own cost.
+
+``POST /bench/floor`` is the answer POST without the answer: the same Django stack (every middleware,
+the session, the user), the same DRF view base as ``/api/mobile/answer`` (session authentication, CSRF,
+the mobile-reply switch and the two-factor check) and the same body parsed by the same serializer,
+then ``{"state": "answered"}``: what any answer costs before ``mobile.services.answer_submit`` runs.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
-from bench.bench_asgi import application as inner
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
+
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.urls import path  # noqa: E402
+from rest_framework.request import Request  # noqa: E402
+from rest_framework.response import Response  # noqa: E402
+
+from bench.bench_asgi import application as inner  # noqa: E402 - sets Django up before the app's modules
+from mobile.api import AnswerSerializer, MobileView  # noqa: E402
+
+
+class FloorView(MobileView):
+    def post(self, request: Request) -> Response:
+        serializer = AnswerSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response({"state": "answered"})
+
+
+urlpatterns = [path("bench/floor", FloorView.as_view())]
+
+
+class _FloorHandler(ASGIHandler):
+    """Django's ASGI handler, resolving against this module's URLs only (same settings, same middleware)."""
+
+    def create_request(self, scope: dict[str, Any], body_file: Any) -> tuple[Any, Any]:
+        request, error = super().create_request(scope, body_file)
+        if request is not None:
+            request.urlconf = __name__
+        return request, error
+
+
+floor = _FloorHandler()
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -31,4 +69,5 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
             message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
         await send(message)
 
-    await inner(scope, receive, timed_send)
+    target = floor if scope.get("path") == "/bench/floor" else inner
+    await target(scope, receive, timed_send)
