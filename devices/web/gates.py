@@ -121,19 +121,22 @@ DB_SESSIONS = "django.contrib.sessions.backends.db"
 _USER_FIELDS = ("id", "password", "otp_epoch", "is_active", "device_web_enabled")
 
 
+_DEVICE_FIELDS = ("id", "owner_id", "name", "kind", "status", "channel_name", "capabilities", "ports")
+
+
 @functools.cache
-def _fast_sql() -> str:
+def _fast_sql(vendor: str) -> str:
+    """The query of ``device_web_fast`` for this database vendor, built once (quoting from the backend)."""
     q = connection.ops.quote_name
     device, user, session = Device._meta, User._meta, Session._meta
     totp, backup, code = TOTPDevice._meta, BackupCodeDevice._meta, BackupCode._meta
-    columns = ", ".join(f"d.{q(f.column)}" for f in device.concrete_fields)
-    users = ", ".join(f"u.{q(user.get_field(name).column)} AS {q('gate_user_' + name)}" for name in _USER_FIELDS)
+    columns = ", ".join(f"d.{q(device.get_field(name).column)}" for name in _DEVICE_FIELDS)
+    users = ", ".join(f"u.{q(user.get_field(name).column)}" for name in _USER_FIELDS)
     return (
-        f"SELECT {columns}, {users}, s.{q('session_data')} AS {q('gate_session_data')}, "  # noqa: S608 - names from _meta, values are parameters
+        f"SELECT {columns}, {users}, s.{q('session_data')}, "  # noqa: S608 - names from _meta, values are parameters
         f"(EXISTS (SELECT 1 FROM {q(totp.db_table)} t WHERE t.{q('user_id')} = d.{q('owner_id')} "
         f"AND t.{q('confirmed')}) OR EXISTS (SELECT 1 FROM {q(backup.db_table)} b INNER JOIN {q(code.db_table)} c "
         f"ON c.{q('device_id')} = b.{q('id')} WHERE b.{q('user_id')} = d.{q('owner_id')} AND b.{q('confirmed')})) "
-        f"AS {q('owner_needs_otp')} "
         f"FROM {q(session.db_table)} s, {q(device.db_table)} d INNER JOIN {q(user.db_table)} u "
         f"ON u.{q('id')} = d.{q('owner_id')} "
         f"WHERE s.{q('session_key')} = %s AND s.{q('expire_date')} > %s AND d.{q('id')} = %s"
@@ -148,28 +151,39 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
     if (not key or number is None or not settings.DEVICE_WEB_ENABLED or hosts.separate()
             or settings.SESSION_ENGINE != DB_SESSIONS or MODEL_BACKEND not in settings.AUTHENTICATION_BACKENDS):
         return None
+    pk_field = Device._meta.pk
     try:
-        pk = Device._meta.pk.get_db_prep_value(Device._meta.pk.to_python(device_id), connection)
+        pk = pk_field.get_db_prep_value(pk_field.to_python(device_id), connection)
     except (ValidationError, ValueError, TypeError):
         return None
     now = connection.ops.adapt_datetimefield_value(timezone.now())
-    rows = list(Device.objects.raw(_fast_sql(), [key, now, pk]))
+    with connection.cursor() as cursor:
+        cursor.execute(_fast_sql(connection.vendor), [key, now, pk])
+        rows = cursor.fetchall()
     if len(rows) != 1:
         return None
-    device = rows[0]
-    data = session.decode(device.gate_session_data)  # {} when tampered with or unreadable
-    # What the gates and the session hash read (no value here needs a database converter); the rest of
-    # the user is deferred, loaded if anything asks.
-    names = [f.attname for f in User._meta.concrete_fields if f.attname in _USER_FIELDS]  # from_db's order
-    user = User.from_db(connection.alias, names, [getattr(device, f"gate_user_{name}") for name in names])
+    row = rows[0]
+    values = dict(zip(_DEVICE_FIELDS, row, strict=False))
+    user_values = dict(zip(_USER_FIELDS, row[len(_DEVICE_FIELDS):], strict=False))
+    session_data, needs_otp = row[-2], row[-1]
+    # What the gates, the stream and the session hash read (of the user: nothing that needs a database
+    # converter); the rest of either row is deferred, loaded if anything asks.
+    names = [f.attname for f in User._meta.concrete_fields if f.attname in user_values]  # from_db's order
+    user = User.from_db(connection.alias, names, [user_values[name] for name in names])
     user.is_active, user.device_web_enabled = bool(user.is_active), bool(user.device_web_enabled)
+    data = session.decode(session_data)  # {} when tampered with or unreadable
     session_hash = data.get(HASH_SESSION_KEY)
     if (str(data.get(SESSION_KEY)) != str(user.pk) or data.get(BACKEND_SESSION_KEY) != MODEL_BACKEND
             or not session_hash or not constant_time_compare(session_hash, user.get_session_auth_hash())):
         return None
-    if not user.is_active or not device_web_active(user) or device.owner_needs_otp:
+    if not user.is_active or not device_web_active(user) or needs_otp:
         return None
-    if (device.status != Device.Status.ACTIVE or device.kind != Device.Kind.BRIDGE or not device.is_online
+    values["id"] = pk_field.to_python(values["id"])
+    for name in ("capabilities", "ports"):
+        values[name] = Device._meta.get_field(name).from_db_value(values[name], None, connection)
+    names = [f.attname for f in Device._meta.concrete_fields if f.attname in values]
+    device = Device.from_db(connection.alias, names, [values[name] for name in names])
+    if (device.status != Device.Status.ACTIVE or device.kind != Device.Kind.BRIDGE or not device.channel_name
             or device.is_long_polling or number not in (device.ports or [])):
         return None
     user.backend = MODEL_BACKEND
