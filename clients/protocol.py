@@ -9,6 +9,8 @@ Every WebSocket text frame is one JSON-RPC 2.0 message:
   notification  {"jsonrpc": "2.0", "method": str, "params": {...}}
   result        {"jsonrpc": "2.0", "id": ..., "result": ...}
   error         {"jsonrpc": "2.0", "id": ..., "error": {"code": int, "message": str, "data": {...}}}
+Binary frames carry device-web data only, between a platform and a device that both do them (see
+"Binary data frames" below); ``parse`` refuses a binary frame.
 """
 
 import json

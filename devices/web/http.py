@@ -1,7 +1,9 @@
 """/d/<device>/<port>/<path> over HTTP: a raw ASGI app (channels' AsyncHttpConsumer would buffer the
 whole request body before handling it).
 
-Per request: the gates (devices.web.gates), then one stream through the device's tunnel. The request
+Per request: the gates (devices.web.gates; the session's user is resolved in the same trip to the
+database thread, and the common case is one query), then one stream through the device's tunnel
+(in-process when the tunnel lives in this process, see devices.web.streams). The request
 body goes out in chunks under the device's credit, the response comes back chunk by chunk and is
 written with ``more_body=True`` as it arrives (server-sent events are not held back). A slow browser
 holds back only its own stream: credit goes back to the device only once daphne's socket buffer has
