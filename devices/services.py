@@ -340,10 +340,9 @@ def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any]) 
     fields.update((name, value) for name, value in _hello_fields(hello).items() if getattr(known, name) != value)
     # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later sees
     # this connection as live: it is handed over or rings the doorbell of a group already joined).
-    changed = Device.objects.filter(
-        pk=known.pk, status=Device.Status.ACTIVE, channel_name=known.channel_name, next_seq=known.next_seq,
-        connection_count=known.connection_count,
-    ).update(**fields)
+    changed = _device_update(fields, {"id": known.pk, "status": Device.Status.ACTIVE,
+                                      "channel_name": known.channel_name, "next_seq": known.next_seq,
+                                      "connection_count": known.connection_count})
     if not changed:
         return None
     device = copy.copy(known)
@@ -382,15 +381,37 @@ def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, 
     return device, older
 
 
+_UPDATE_SQL: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
+
+
+def _device_update(values: dict[str, Any], where: dict[str, Any]) -> int:
+    """``Device.objects.filter(**where).update(**values)`` (plain fields, equality only) with its SQL
+    written once per shape: presence is written on every connect and close, and building the UPDATE
+    with the ORM cost more CPU than running it. Values are adapted by their fields; returns the row count."""
+    conn = transaction.get_connection()
+    key = (conn.vendor, tuple(values), tuple(where))
+    sql = _UPDATE_SQL.get(key)
+    meta, quote = Device._meta, conn.ops.quote_name
+    if sql is None:
+        assignments = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in values)
+        conditions = " AND ".join(f"{quote(meta.get_field(name).column)} = %s" for name in where)
+        # Names from the model's _meta, values as parameters.
+        sql = _UPDATE_SQL[key] = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {conditions}"  # noqa: S608
+    params = [meta.get_field(name).get_db_prep_save(value, conn) for name, value in values.items()]
+    params += [meta.get_field(name).get_db_prep_value(value, conn) for name, value in where.items()]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
 def device_disconnected(*, device_id: Any, channel_name: str, known: Device | None = None) -> Device | None:
     """The connection closed; only the live connection clears presence (a replaced one does not).
 
     ``known``: the device as the connection last had it; its presence is updated in memory instead of
     reading the row again (one statement)."""
     now = timezone.now()
-    changed = Device.objects.filter(pk=device_id, channel_name=channel_name).update(
-        channel_name="", disconnected_at=now, last_seen_at=now
-    )
+    changed = _device_update({"channel_name": "", "disconnected_at": now, "last_seen_at": now},
+                             {"id": device_id, "channel_name": channel_name})
     if not changed:
         return None
     if known is not None and known.pk == device_id:
