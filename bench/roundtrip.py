@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mobile reply round trip, beside a bare Channels echo measured in the same run (issues 4 and 10).
 
-    .venv/bin/python bench/roundtrip.py --quick                        # both configurations, ~1 minute
+    .venv/bin/python bench/roundtrip.py --quick                        # both configurations, about a minute
     .venv/bin/python bench/roundtrip.py                                # both configurations, 300 questions
     .venv/bin/python bench/roundtrip.py --questions 100 --config embedded --json rows.json
 
@@ -76,7 +76,7 @@ USERNAME, PASSWORD = "bench-phone", "bench correct horse battery staple"
 SESSION_ID = "bench-session"
 WARMUP = 5
 SETTLE_SEC = 0.05  # between one question's end and the next one's start (settle())
-QUICK_QUESTIONS = 15
+QUICK_QUESTIONS = 12
 CONFIG_LABEL = {"embedded": "embedded", "scaled": "pg+redis, 2 daphne"}
 TARGETS = {"leg1": 60.0, "leg2": 30.0, "post": 5.0}  # issue 10: p99, p99, median (ms)
 
@@ -468,7 +468,7 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
                  "hook_event_name": "SessionStart", "source": "startup"}
         proc, _ = await hook_run(world, start)
         await proc.communicate()
-        startup = await startup_costs(world, 15 if args.quick else 50)
+        startup = await startup_costs(world, 10 if args.quick else 50)
         warmup = 3 if args.quick else WARMUP
         began = time.perf_counter()
         for n in range(warmup):
@@ -490,8 +490,8 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
             a, b = await one_local_question(world, n)
             local1.append(a)
             local2.append(b)
-            await world.floor()  # between the questions, outside their timings
-            await world.floor()
+            for _ in range(1 if args.quick else 2):  # between the questions, outside their timings
+                await world.floor()
         echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", echo_samples)
     finally:
         await world.stop()
