@@ -230,7 +230,7 @@ def hook_event_record(*, device: Device, session_id: str, event: str, tool_use_i
 
 
 def _session_for_question(device: Device, session_id: str) -> AgentSession:
-    session = AgentSession.objects.filter(device=device, session_id=session_id).first()
+    session = selectors.one_by(AgentSession, device=device, session_id=session_id)  # unique together
     if session is None:  # the bridge was installed mid-session: register it now
         session_start(device=device, session_id=session_id)
         session = AgentSession.objects.get(device=device, session_id=session_id)
@@ -253,7 +253,7 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
         qid = uuid.UUID(str(question_id))
     except ValueError:
         raise ValidationFailed("question_id must be a UUID.") from None
-    existing = Question.objects.filter(pk=qid).first()
+    existing = selectors.one_by(Question, id=qid)
     if existing is not None:
         if existing.device_id != device.pk:
             raise ValidationFailed("question_id is already in use.")

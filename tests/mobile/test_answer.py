@@ -268,3 +268,19 @@ def test_user_needs_otp_in_one_statement(mobile_user, django_assert_num_queries)
     BackupCode.objects.all().delete()
     TOTPDevice.objects.filter(pk=totp.pk).update(confirmed=True)
     assert user_needs_otp(mobile_user) is True
+
+
+@pytest.mark.django_db
+def test_one_by_reads_what_the_orm_reads(bridge, django_assert_num_queries):
+    from mobile import selectors
+    from mobile.models import AgentSession
+
+    question, _nonce = ask(bridge)
+    with django_assert_num_queries(2):
+        session = selectors.one_by(AgentSession, device=bridge, session_id="sess-1")
+        again = selectors.one_by(Question, id=question.pk)
+    reference = AgentSession.objects.get(device=bridge, session_id="sess-1")
+    assert [getattr(session, f.attname) for f in AgentSession._meta.concrete_fields] == [
+        getattr(reference, f.attname) for f in AgentSession._meta.concrete_fields]
+    assert again.questions == question.questions and again.expires_at == question.expires_at
+    assert selectors.one_by(AgentSession, device=bridge, session_id="nope") is None
