@@ -405,16 +405,16 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=["embedded", "pg+redis", "both"], default="both")
-    parser.add_argument("--quick", action="store_true", help="fewer runs and requests (about 50 s for both)")
-    parser.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, quick 3)")
-    parser.add_argument("--small", type=int, default=None, help="small requests per run (default 1000, quick 300)")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and requests (about a minute for both)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, quick 2)")
+    parser.add_argument("--small", type=int, default=None, help="small requests per run (default 1000, quick 200)")
     parser.add_argument("--mb", type=int, default=100, help="size of the large download in MB")
     parser.add_argument("--json", default=None, help="append the rows to this JSON file (bench.report)")
     parser.add_argument("--hold", action="store_true", help="keep each world up after measuring (profiling)")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args()
-    args.runs = args.runs or (3 if args.quick else 5)
-    args.small = args.small or (300 if args.quick else 1000)
+    args.runs = args.runs or (2 if args.quick else 5)
+    args.small = args.small or (200 if args.quick else 1000)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1"})
