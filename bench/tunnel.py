@@ -526,7 +526,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}"]
         path = "deliver -> ack vs echo"
         if len(servers) > 1:
-            path += f" (enqueued on the {'tunnel' if relay is None else 'other'}'s daphne)".replace("tunnel's", "tunnel")
+            path += " (enqueued on the tunnel's daphne)" if relay is None else " (enqueued on the other daphne)"
         baseline = f"echo {ms(got['echo'])}"
         if floor:
             notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "

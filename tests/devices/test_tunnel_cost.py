@@ -13,7 +13,6 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db.backends.utils import CursorWrapper
 
-from clients import protocol
 from devices import services
 from devices.models import Device, OutboxItem
 from tests.devices.tunnel_support import Device as FakeDevice
