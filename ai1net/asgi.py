@@ -23,7 +23,7 @@ from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ai1net.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from ai1net.handlers import get_asgi_application  # noqa: E402 - Django's, with request threads kept
 
 django_asgi_app = get_asgi_application()
 
