@@ -355,12 +355,16 @@ class Confinement:
         if exc.errno in LINK_ERRNOS:
             return self._outside()  # it became a link after the check: treated as one that leaves
         if exc.errno == errno.ENOTDIR:
-            try:
-                is_link = dir_fd >= 0 and stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-            except OSError:
-                is_link = False
-            if is_link:  # Linux reports a link met by O_DIRECTORY|O_NOFOLLOW as "not a directory"
-                return self._outside()
+            if dir_fd >= 0:
+                try:
+                    now: Optional[int] = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+                except OSError:
+                    now = None
+                # Linux reports a link met by O_DIRECTORY|O_NOFOLLOW as "not a directory". An entry that is
+                # gone or a directory again by now was swapped meanwhile, maybe for such a link: refused
+                # like one, so the answer never depends on where the swapped-in link pointed.
+                if now is None or stat.S_ISLNK(now) or stat.S_ISDIR(now):
+                    return self._outside()
             if want_dir:
                 return ProbeError("not_a_directory", f"{shown} is not a directory")
             return ProbeError("not_found", f"no such file or directory: {shown}")
