@@ -126,15 +126,23 @@ def test_the_phone_page_registers_the_worker_and_subscribes(tmp_path, client, br
                 # store on the first getNotifications(); asked only while the push is handled, it kept
                 # answering [] in our runs.)
                 assert worker.evaluate("self.registration.getNotifications().then(ns => ns.length)") == 0
-                cdp.send("ServiceWorker.deliverPushMessage", {
-                    "origin": server.url, "registrationId": registrations[0]["registrationId"], "data": plaintext})
                 shown: list[dict] = []
-                for _ in range(200):  # asked inside the worker: what it has shown
-                    shown = worker.evaluate("self.registration.getNotifications()"
-                                            ".then(ns => ns.map(n => ({title: n.title, body: n.body, tag: n.tag})))")
+                # Headless Chromium now and then drops a push delivered this way (seen in CI, and in one
+                # run of three here): deliver again, up to five times. The tag makes a repeat replace the
+                # notification, never add one, so the assertion below still sees exactly one.
+                for _attempt in range(5):
+                    cdp.send("ServiceWorker.deliverPushMessage", {
+                        "origin": server.url, "registrationId": registrations[0]["registrationId"],
+                        "data": plaintext})
+                    for _ in range(60):  # asked inside the worker: what it has shown
+                        shown = worker.evaluate(
+                            "self.registration.getNotifications()"
+                            ".then(ns => ns.map(n => ({title: n.title, body: n.body, tag: n.tag})))")
+                        if shown:
+                            break
+                        page.wait_for_timeout(50)
                     if shown:
                         break
-                    page.wait_for_timeout(50)
                 assert shown == [{"title": "ai1net", "body": "An agent is waiting (1)", "tag": "ai1net-waiting"}]
 
                 # Unsubscribe on the page: gone on both sides.
