@@ -36,6 +36,17 @@ class AgentSession(models.Model):
         return f"session {self.session_id} on {self.device_id}"
 
 
+class BridgeSwitchSent(models.Model):
+    """The mobile-reply switch value last queued for a bridge: a reconnect compares the user's switch with
+    this row instead of searching the bridge's outbox, which grows with every answer."""
+
+    device = models.OneToOneField("devices.Device", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    enabled = models.BooleanField()
+
+    def __str__(self) -> str:
+        return f"switch {'on' if self.enabled else 'off'} sent to {self.device_id}"
+
+
 class Question(models.Model):
     """One AskUserQuestion call. Its id is chosen by the device, so a retried request is idempotent.
 
