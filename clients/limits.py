@@ -67,6 +67,11 @@ LIMITS: Dict[str, Limit] = {
     "answer.desktop": Limit(8000, CHARS, "an answer given at the desk"),
     "message.text": Limit(8000, CHARS, "a message from the phone to a session"),
     "message.ids": Limit(500, ITEMS, "message ids in one report"),
+    # Mobile reply: tool-permission requests (clients.permission).
+    "permission.tool_name": Limit(200, CHARS, "a tool's name"),
+    "permission.tool_input": Limit(256 * 1024, BYTES, "a tool call's input (refused beyond)"),
+    "permission.input_hash": Limit(64, CHARS, "the SHA-256 of a tool call's input"),
+    "permission.rendering": Limit(20_000, CHARS, "what the phone shows of a tool call (cut to fit)"),
     # Rooms.
     "room.text": Limit(8000, CHARS, "a room message"),
     # Probes: command arguments and results.

@@ -37,6 +37,11 @@ class QuestionOutSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
     nonce = serializers.CharField(required=False, help_text="pending questions only: present it with the answer")
+    kind = serializers.CharField(required=False, help_text="`permission` for a tool-permission request")
+    tool_name = serializers.CharField(required=False)
+    input_hash = serializers.CharField(required=False, help_text="permission: present it with the decision")
+    rendering = serializers.JSONField(required=False, help_text="permission: {kind: command|diff|input, text, "
+                                                                "truncated}, plain text")
 
     class Meta:
         ref_name = "PhoneQuestion"
@@ -129,6 +134,8 @@ class AnswerSerializer(serializers.Serializer):
     nonce = serializers.CharField(max_length=128)
     answers = serializers.DictField()
     other = serializers.DictField(required=False, default=dict)
+    input_hash = serializers.CharField(max_length=64, required=False, default="", allow_blank=True,
+                                       help_text="permission requests: the input_hash shown with it")
 
     class Meta:
         ref_name = "PhoneAnswer"
@@ -140,14 +147,15 @@ class AnswerView(MobileView):
                        "state": serializers.ChoiceField(choices=[Question.State.ANSWERED.value]),
                    }), **errors(400), **MOBILE_ERRORS, **errors(409, 410, 413)},
                    description="The nonce is burned once: 403 `bad_nonce`; 409 `already_answered`, "
-                               "`answered_on_desktop`, `moved_to_desktop`; 410 `expired`, `session_ended`.")
+                               "`answered_on_desktop`, `moved_to_desktop`, `input_mismatch` (a permission request's "
+                               "decision for another tool input); 410 `expired`, `session_ended`.")
     def post(self, request: Request) -> Response:
         serializer = AnswerSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         return Response(services.answer_submit(actor=request.user, question_id=data["question_id"],
                                                nonce=data["nonce"], answers=data["answers"], other=data["other"],
-                                               ip=client_ip(request)))
+                                               ip=client_ip(request), input_hash=data["input_hash"]))
 
 
 class StateView(MobileView):

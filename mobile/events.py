@@ -31,6 +31,10 @@ def question_data(question: Question, *, nonce: str | None = None) -> dict:
         "created_at": question.created_at.isoformat(),
         "expires_at": question.expires_at.isoformat(),
     }
+    if question.kind == Question.Kind.PERMISSION:
+        # The phone shows the rendering as text and presents input_hash with its decision.
+        data.update(kind=question.kind, tool_name=question.tool_name, input_hash=question.input_hash,
+                    rendering=question.rendering)
     if nonce is not None:
         data["nonce"] = nonce
     return data

@@ -48,7 +48,8 @@ class BridgeSwitchSent(models.Model):
 
 
 class Question(models.Model):
-    """One AskUserQuestion call. Its id is chosen by the device, so a retried request is idempotent.
+    """One AskUserQuestion call, or one tool-permission request (``kind``). Its id is chosen by the
+    device, so a retried request is idempotent.
 
     The nonce the phone must present is never stored: only its SHA-256 (``nonce_hash``) and the random
     ``nonce_salt`` it is derived from with the server key (see ``mobile.services.nonce_for``).
@@ -62,7 +63,17 @@ class Question(models.Model):
         EXPIRED = "expired", "Expired"
         CANCELLED = "cancelled", "Cancelled"
 
+    class Kind(models.TextChoices):
+        QUESTION = "question", "AskUserQuestion"
+        PERMISSION = "permission", "Tool permission"  # clients.permission: one question, three fixed options
+
     id = models.UUIDField(primary_key=True, editable=False)
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.QUESTION)
+    tool_name = models.CharField(max_length=200, blank=True, help_text="permission: the tool asking to run")
+    input_hash = models.CharField(max_length=64, blank=True,
+                                  help_text="permission: SHA-256 of the tool input the decision is bound to")
+    rendering = models.JSONField(default=dict, blank=True,
+                                 help_text="permission: {kind, text, truncated} shown on the phone")
     device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="questions")
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="questions")
     room = models.ForeignKey("im.Room", on_delete=models.CASCADE, related_name="+")

@@ -15,4 +15,5 @@ def question_panel_action(*, actor: Any, panel: Panel, action: str, data: dict) 
     if data.get("question_id") not in (None, panel.ref_id):
         raise ValidationFailed("question_id does not belong to this panel.")
     return services.answer_submit(actor=actor, question_id=panel.ref_id, nonce=data.get("nonce"),
-                                  answers=data.get("answers"), other=data.get("other"))
+                                  answers=data.get("answers"), other=data.get("other"),
+                                  input_hash=data.get("input_hash"))

@@ -8,12 +8,13 @@ from ai1net.exceptions import ValidationFailed
 from ai1net.limits import enforce
 from devices.models import Device
 from devices.rpc import device_method
-from mobile import services
+from mobile import permissions, services
 
 # Each string parameter's declared limit (clients.limits).
 LIMIT_OF = {"session_id": "session.session_id", "cwd": "session.cwd", "source": "session.source",
             "host": "session.host", "title": "session.title", "question_id": "question.question_id",
-            "tool_use_id": "question.tool_use_id", "reason": "session.reason", "event": "hook.event"}
+            "tool_use_id": "question.tool_use_id", "reason": "session.reason", "event": "hook.event",
+            "tool_name": "permission.tool_name", "input_hash": "permission.input_hash"}
 
 
 def _str(params: dict, key: str, *, required: bool = True) -> str:
@@ -49,6 +50,16 @@ def question(device: Device, params: dict) -> dict:
                                     session_id=_str(p, "session_id"),
                                     tool_use_id=_str(p, "tool_use_id", required=False),
                                     questions=p.get("questions"), window_sec=p.get("window_sec"))
+
+
+@device_method("mobile.permission")
+def permission(device: Device, params: dict) -> dict:
+    p = _params(params)
+    return permissions.permission_create(device=device, question_id=_str(p, "question_id"),
+                                         session_id=_str(p, "session_id"),
+                                         tool_use_id=_str(p, "tool_use_id", required=False),
+                                         tool_name=_str(p, "tool_name"), tool_input=p.get("tool_input"),
+                                         input_hash=_str(p, "input_hash"), window_sec=p.get("window_sec"))
 
 
 @device_method("mobile.question_moved")

@@ -243,10 +243,11 @@ def _session_for_question(device: Device, session_id: str) -> AgentSession:
 
 
 def question_create(*, device: Device, question_id: str, session_id: str, questions: Any, window_sec: Any,
-                    tool_use_id: str = "") -> dict:
+                    tool_use_id: str = "", permission: dict | None = None) -> dict:
     """Store an AskUserQuestion with a fresh nonce, post its panel, push it to the phone.
 
     Idempotent per device-chosen ``question_id``: a retry returns the stored question's state.
+    ``permission``: the extra fields of a tool-permission request (from ``mobile.permissions``).
     """
     _require_bridge(device)
     try:
@@ -270,7 +271,7 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
         question = Question(
             id=qid, device=device, session=session, room_id=session.room_id, tool_use_id=str(tool_use_id)[:200],
             questions=questions, nonce_salt=secrets.token_hex(16), window_sec=int(window_sec),
-            expires_at=now + timedelta(seconds=float(window_sec)) + EXPIRY_SLACK,
+            expires_at=now + timedelta(seconds=float(window_sec)) + EXPIRY_SLACK, **(permission or {}),
         )
         nonce = nonce_for(question)
         question.nonce_hash = hash_secret(nonce)
@@ -289,7 +290,8 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
                                          ref_id=str(qid),
                                          state=Question.State.PENDING,
                                          spec={"question_id": str(qid), "session_id": session_id,
-                                               "questions": questions, "expires_at": question.expires_at.isoformat()})
+                                               "questions": questions, "expires_at": question.expires_at.isoformat(),
+                                               **({"permission": permission} if permission else {})})
         Question.objects.filter(pk=qid).update(panel=panel)
         question.panel = panel
         question.session = session
@@ -497,12 +499,19 @@ def _burn_sql(vendor: str) -> str:
 
 
 def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, other: Any = None,
-                  ip: str | None = None) -> dict:
+                  ip: str | None = None, input_hash: Any = None) -> dict:
     """Answer a question from the phone. The nonce is burned by ONE conditional UPDATE: its row count
-    decides the single winner, on SQLite and PostgreSQL alike."""
+    decides the single winner, on SQLite and PostgreSQL alike. A permission request's answer must also
+    present the hash of the tool input it was shown (``mobile.permissions.decision_check``)."""
     _require_active(actor)
     question = _own_question(actor, question_id)
     chosen, free = _clean_answer(question.questions, answers, other)
+    bound = {}
+    if question.kind == Question.Kind.PERMISSION:
+        from mobile.permissions import decision_check
+
+        decision = decision_check(actor=actor, question=question, answers=chosen, input_hash=input_hash, ip=ip)
+        bound = {"input_hash": question.input_hash, "decision": decision}
     nonce = nonce if isinstance(nonce, str) else ""
     now = timezone.now()
     with transaction.atomic():
@@ -514,6 +523,7 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
             # The bridge's item first: its doorbell is the first to leave after commit.
             outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
                 "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
+                **bound,
             })
             im_services.message_post(room_id=question.room_id, author_user=actor, kind=Message.Kind.ANSWER,
                                      body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
@@ -521,7 +531,7 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
             _panel_follow(question)
             # Last before the commit: the audit chain's lock is held from here to the commit.
             _audit(actor=actor, action="mobile.answer", question=question, subject=actor, ip=ip,
-                   data={"answers": chosen, "other": free})
+                   data={"answers": chosen, "other": free, **bound})
             events.question_updated(question, owner_id=actor.pk)
     if not won:
         refusal = _refusal(question, nonce, now)
