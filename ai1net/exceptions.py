@@ -89,6 +89,12 @@ class Unavailable(ApplicationError):
     default_detail = "The service is not available right now."
 
 
+def retry_after_header(exc: ApplicationError) -> dict[str, str]:
+    """``Retry-After`` for a refusal that names its wait (``ai1net.accounts.ratelimit``)."""
+    wait = exc.extra.get("retry_after")
+    return {"Retry-After": str(int(wait))} if wait else {}
+
+
 _DRF_CODES = {
     drf_exceptions.NotAuthenticated: "not_authenticated",
     drf_exceptions.AuthenticationFailed: "authentication_failed",
@@ -104,7 +110,7 @@ _DRF_CODES = {
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
-        return Response(exc.as_dict(), status=exc.status)
+        return Response(exc.as_dict(), status=exc.status, headers=retry_after_header(exc))
     if isinstance(exc, Http404):
         return Response({"error": "not_found", "detail": "Not found."}, status=404)
     if isinstance(exc, PermissionDenied):

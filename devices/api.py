@@ -168,13 +168,13 @@ class PairingTokenView(APIView):
 
     @extend_schema(operation_id="devices_pairings_token_create", tags=["devices"], auth=[],
                    request=PairingTokenSerializer,
-                   responses={200: PairingClaimedSerializer, **errors(400)},
+                   responses={200: PairingClaimedSerializer, **errors(400, 429)},
                    description="400 `error` (RFC 8628 3.5): authorization_pending, slow_down, access_denied, "
                                "expired_token, invalid_grant.")
     def post(self, request: Request) -> Response:
         data = PairingTokenSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        device, token = services.pairing_claim(device_code=data.validated_data["device_code"])
+        device, token = services.pairing_claim(device_code=data.validated_data["device_code"], ip=client_ip(request))
         return Response({"device_id": str(device.pk), "device_token": token}, headers={"Cache-Control": "no-store"})
 
 

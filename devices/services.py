@@ -19,13 +19,13 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from ai1net.accounts import ratelimit
 from ai1net.accounts.services import audit_record, hash_secret
-from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, RateLimited, ValidationFailed
+from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, ValidationFailed
 from ai1net.limits import enforce
 from clients import protocol
 from devices import events, live
@@ -42,30 +42,10 @@ MAX_INTERVAL = 60
 # A client that sleeps `interval` between polls must never be told slow_down because of clock jitter.
 POLL_TOLERANCE = timedelta(milliseconds=250)
 
-# Rate limits: (attempts, window seconds).
-PAIRING_CREATE_LIMIT = (30, 600)
-WRONG_CODE_LIMIT_USER = (10, 900)
-WRONG_CODE_LIMIT_ADDRESS = (30, 900)
-
 
 def _audit(*, actor: Any, action: str, subject: Any = None, data: dict[str, Any] | None = None,
            ip: str | None = None) -> None:
     audit_record(actor=actor, action=action, subject=subject, data=data or {}, ip=ip)
-
-
-# --- rate limits (cache counters) -------------------------------------------------------------
-
-def _over_limit(key: str, limit: tuple[int, int]) -> bool:
-    return (cache.get(key) or 0) >= limit[0]
-
-
-def _hit(key: str, limit: tuple[int, int]) -> int:
-    cache.add(key, 0, limit[1])
-    try:
-        return cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.set(key, 1, limit[1])
-        return 1
 
 
 # --- pairing ----------------------------------------------------------------------------------
@@ -85,10 +65,10 @@ def format_user_code(code: str) -> str:
 def pairing_create(*, name: str, kind: str, hostname: str = "", os_name: str = "", version: str = "",
                    ephemeral: bool = False, ip: str | None = None) -> tuple[PairingRequest, str, str]:
     """Start a pairing: returns the request, the raw device_code and the raw user_code (shown once)."""
-    key = f"devices:pair-create:{ip or '-'}"
-    if _over_limit(key, PAIRING_CREATE_LIMIT):
-        raise RateLimited("Too many pairing requests from this address. Wait a few minutes.")
-    _hit(key, PAIRING_CREATE_LIMIT)
+    # Every request counts (each one stores a row), not only failures.
+    address = (ratelimit.PAIRING_CREATE_PER_ADDRESS, ip or "-")
+    ratelimit.check(address, what="Too many pairing requests from this address.")
+    ratelimit.fail(address, ip=ip)
     name = (name or "").strip()
     if not name:
         raise ValidationFailed("name is required.")
@@ -121,9 +101,12 @@ def pairing_create(*, name: str, kind: str, hostname: str = "", os_name: str = "
     raise ApplicationError("Could not allocate a pairing code.", code="unavailable", status=503)
 
 
+def _code_limits(user: Any, ip: str | None) -> tuple[ratelimit.Pair, ratelimit.Pair]:
+    return (ratelimit.PAIRING_CODE_PER_ACCOUNT, user.pk), (ratelimit.PAIRING_CODE_PER_ADDRESS, ip or "-")
+
+
 def _wrong_code(user: Any, ip: str | None) -> NotFound:
-    _hit(f"devices:wrong-code:user:{user.pk}", WRONG_CODE_LIMIT_USER)
-    _hit(f"devices:wrong-code:ip:{ip or '-'}", WRONG_CODE_LIMIT_ADDRESS)
+    ratelimit.fail(*_code_limits(user, ip), ip=ip, actor=user)
     return NotFound("No pairing request with this code.")
 
 
@@ -142,10 +125,7 @@ def _expire_if_due(pairing: PairingRequest) -> bool:
 
 def pairing_scan(*, user: Any, user_code: str, ip: str | None = None) -> PairingRequest:
     """Open a code: binds a pending request to this user (`scanned`). Others' or unknown codes -> 404."""
-    if _over_limit(f"devices:wrong-code:user:{user.pk}", WRONG_CODE_LIMIT_USER) or _over_limit(
-        f"devices:wrong-code:ip:{ip or '-'}", WRONG_CODE_LIMIT_ADDRESS
-    ):
-        raise RateLimited("Too many wrong codes. Wait a few minutes and try again.")
+    ratelimit.check(*_code_limits(user, ip), what="Too many wrong codes.")
     code = normalize_user_code(user_code)
     pairing = PairingRequest.objects.filter(user_code_hash=hash_secret(code)).first() if code else None
     if pairing is None or pairing.user_id not in (None, user.pk):
@@ -202,14 +182,17 @@ class PairingPollError(ApplicationError):
     status = 400
 
 
-def pairing_claim(*, device_code: str) -> tuple[Device, str]:
+def pairing_claim(*, device_code: str, ip: str | None = None) -> tuple[Device, str]:
     """The device's poll. Exactly once, after approval: the new Device and its raw 256-bit token."""
+    address = (ratelimit.DEVICE_CODE_PER_ADDRESS, ip or "-")
+    ratelimit.check(address, what="Too many unknown device codes from this address.")
     pairing = (
         PairingRequest.objects.filter(device_code_hash=hash_secret(device_code)).first()
         if isinstance(device_code, str) and device_code
         else None
     )
     if pairing is None:
+        ratelimit.fail(address, ip=ip)
         raise PairingPollError("Unknown device_code.", code="invalid_grant")
     if pairing.state == PairingRequest.State.CLAIMED:
         raise PairingPollError("This device_code was already used.", code="invalid_grant")

@@ -12,7 +12,7 @@ from django.utils.safestring import mark_safe
 
 from ai1net import hosts
 from ai1net.accounts.selectors import device_web_active
-from ai1net.exceptions import ApplicationError
+from ai1net.exceptions import ApplicationError, retry_after_header
 from clients import protocol
 from devices import selectors, services
 from devices.access import http_otp_satisfied
@@ -54,7 +54,11 @@ def pair_code(request: HttpRequest, user_code: str) -> HttpResponse:
     try:
         pairing = services.pairing_scan(user=request.user, user_code=user_code, ip=client_ip(request))
     except ApplicationError as exc:
-        return render(request, "devices/pair_code.html", {"error": exc.detail, "user_code": shown}, status=exc.status)
+        response = render(request, "devices/pair_code.html", {"error": exc.detail, "user_code": shown},
+                          status=exc.status)
+        for name, value in retry_after_header(exc).items():
+            response[name] = value
+        return response
     link = public_base(request) + reverse("devices:pair-code", args=[shown])
     return render(
         request,

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import authentication, exceptions
 
-from ai1net.accounts import services
+from ai1net.accounts import ratelimit, selectors, services
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -19,8 +19,13 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme != self.keyword or not raw.strip():
             return None
+        # Checked before the lookup: while the address is limited even a right guess is refused.
+        address = (ratelimit.API_TOKEN_PER_ADDRESS, request.META.get("REMOTE_ADDR", ""))
+        ratelimit.check(address, what="Too many invalid API tokens from this address.")
         token = services.api_token_authenticate(raw=raw.strip())
         if token is None:
+            if not selectors.api_token_issued(raw=raw.strip()):
+                ratelimit.fail(address, ip=address[1])
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
         return token.user, token
 

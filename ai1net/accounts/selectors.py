@@ -12,7 +12,7 @@ from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.models import Device
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from ai1net.accounts.models import AuditEntry, BackupCode, BackupCodeDevice, User
+from ai1net.accounts.models import ApiToken, AuditEntry, BackupCode, BackupCodeDevice, User
 
 
 def mobile_reply_active(user: User) -> bool:
@@ -34,6 +34,13 @@ def global_stops() -> list[str]:
     if not settings.DEVICE_WEB_ENABLED:
         stops.append("device web (AI1NET_DEVICE_WEB=0)")
     return stops
+
+
+def api_token_issued(*, raw: str) -> bool:
+    """The secret is a token we issued (revoked, or its user inactive): a stale agent, not a guess."""
+    from ai1net.accounts.services import hash_secret  # services -> exceptions -> DRF -> authentication
+
+    return ApiToken.objects.filter(token_hash=hash_secret(raw)).exists()
 
 
 def totp_confirmed(user: User) -> TOTPDevice | None:

@@ -26,17 +26,27 @@ from ai1net import hosts
 from ai1net.accounts import ratelimit, selectors, services
 from ai1net.accounts.forms import ApiTokenForm, FirstOperatorForm, LoginForm, OtpForm
 from ai1net.accounts.models import BackupCodeDevice, User
-from ai1net.exceptions import ApplicationError
+from ai1net.exceptions import ApplicationError, retry_after_header
 
 PENDING_KEY = "accounts.pending_otp"
 PENDING_TTL = 5 * 60
-RATE_LIMITED_MESSAGE = "Too many failed attempts. Wait 15 minutes and try again."
 HOME_CARD_APPS = ("mobile", "devices", "probes", "im")
 
 
 def client_ip(request: HttpRequest) -> str:
     # REMOTE_ADDR only: a forwarded header is whatever the client wants it to be.
     return request.META.get("REMOTE_ADDR", "") or ""
+
+
+def rate_limited_page(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
+    """A browser's 429: the page names the wait, ``Retry-After`` gives it in seconds."""
+    return with_retry_after(render(request, "rate_limited.html", {"detail": exc.detail}, status=exc.status), exc)
+
+
+def with_retry_after(response: HttpResponse, exc: ApplicationError | None) -> HttpResponse:
+    for name, value in (retry_after_header(exc) if exc is not None else {}).items():
+        response[name] = value
+    return response
 
 
 def _next_url(request: HttpRequest) -> str:
@@ -61,16 +71,17 @@ def login_view(request: HttpRequest) -> HttpResponse:
     next_url = _next_url(request)
     form = LoginForm(request.POST or None)
     status = 200
+    refused = None
     if request.method == "POST" and form.is_valid():
         username = form.cleaned_data["username"]
         limits = ((ratelimit.LOGIN_PER_ACCOUNT, username), (ratelimit.LOGIN_PER_ADDRESS, client_ip(request)))
-        if ratelimit.is_limited(*limits):
-            form.add_error(None, RATE_LIMITED_MESSAGE)
+        if refused := ratelimit.refusal(*limits):
+            form.add_error(None, refused.detail)
             status = 429
         else:
             user = authenticate(request, username=username, password=form.cleaned_data["password"])
             if user is None:
-                ratelimit.hit(*limits)
+                ratelimit.fail(*limits, ip=client_ip(request))
                 form.add_error(None, "Wrong username or password.")
             elif selectors.user_needs_otp(user):
                 request.session[PENDING_KEY] = {"user": user.pk, "backend": user.backend, "at": time.time()}
@@ -79,7 +90,8 @@ def login_view(request: HttpRequest) -> HttpResponse:
                 auth_login(request, user)
                 ratelimit.reset((ratelimit.LOGIN_PER_ACCOUNT, username))
                 return redirect(next_url)
-    return render(request, "accounts/login.html", {"form": form, "next": next_url}, status=status)
+    return with_retry_after(
+        render(request, "accounts/login.html", {"form": form, "next": next_url}, status=status), refused)
 
 
 def _otp_target(request: HttpRequest) -> tuple[User | None, str | None]:
@@ -105,15 +117,16 @@ def login_otp_view(request: HttpRequest) -> HttpResponse:
         return redirect(next_url)
     form = OtpForm(request.POST or None)
     status = 200
+    refused = None
     if request.method == "POST" and form.is_valid():
         limits = ((ratelimit.OTP_PER_ACCOUNT, str(user.pk)), (ratelimit.OTP_PER_ADDRESS, client_ip(request)))
-        if ratelimit.is_limited(*limits):
-            form.add_error(None, RATE_LIMITED_MESSAGE)
+        if refused := ratelimit.refusal(*limits):
+            form.add_error(None, refused.detail)
             status = 429
         else:
             device = services.otp_verify(user=user, token=form.cleaned_data["code"])
             if device is None:
-                ratelimit.hit(*limits)
+                ratelimit.fail(*limits, ip=client_ip(request), actor=user)
                 form.add_error("code", "That code is not right, has expired, or was already used.")
             else:
                 if not request.user.is_authenticated:
@@ -125,7 +138,8 @@ def login_otp_view(request: HttpRequest) -> HttpResponse:
                 if isinstance(device, BackupCodeDevice):
                     messages.warning(request, f"Backup code used. {device.remaining()} left.")
                 return redirect(next_url)
-    return render(request, "accounts/login_otp.html", {"form": form, "next": next_url}, status=status)
+    return with_retry_after(
+        render(request, "accounts/login_otp.html", {"form": form, "next": next_url}, status=status), refused)
 
 
 # --- home --------------------------------------------------------------------------------------
@@ -293,7 +307,12 @@ def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def first_run(request: HttpRequest, token: str) -> HttpResponse:
+    # No account exists yet: only the address is counted. A wrong link counts; a used or expired one too.
+    limits = ((ratelimit.SETUP_LINK_PER_ADDRESS, client_ip(request)),)
+    if refused := ratelimit.refusal(*limits, what="Too many wrong set-up links from this address."):
+        return rate_limited_page(request, refused)
     if not services.first_run_token_valid(raw=token):
+        ratelimit.fail(*limits, ip=client_ip(request))
         raise Http404("This set-up link is used or expired.")
     form = FirstOperatorForm(request.POST or None)
     if request.method == "POST" and form.is_valid():

@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from ai1net.accounts import ratelimit
 from ai1net.accounts.models import AuditEntry
 from ai1net.accounts.services import hash_secret
 from devices import services
@@ -68,7 +69,7 @@ def test_create_validates_input(device_client, field, value):
 
 
 def test_create_is_rate_limited_per_address(device_client):
-    limit = services.PAIRING_CREATE_LIMIT[0]
+    limit = ratelimit.PAIRING_CREATE_PER_ADDRESS.limit
     statuses = [
         device_client.post("/api/devices/pairings", {"name": "x", "kind": "probe"}, content_type="application/json").status_code
         for _ in range(limit + 1)
@@ -200,7 +201,7 @@ def test_approve_keeps_csrf_for_browser_sessions(start_pairing, user):
 def test_brute_force_of_user_codes_is_stopped_per_user(start_pairing, api):
     body = start_pairing()
     wrong = "BBBB-BBBB" if body["user_code"] != "BBBB-BBBB" else "CCCC-CCCC"
-    limit = services.WRONG_CODE_LIMIT_USER[0]
+    limit = ratelimit.PAIRING_CODE_PER_ACCOUNT.limit
     statuses = [api.get(f"/api/devices/pairings/code/{wrong}").status_code for _ in range(limit)]
     assert statuses == [404] * limit
     # Now even the right code is refused: guessing cannot continue.
@@ -211,8 +212,8 @@ def test_brute_force_of_user_codes_is_stopped_per_user(start_pairing, api):
 
 def test_brute_force_of_user_codes_is_stopped_per_address(start_pairing, django_user_model):
     body = start_pairing()
-    limit = services.WRONG_CODE_LIMIT_ADDRESS[0]
-    per_user = services.WRONG_CODE_LIMIT_USER[0]
+    limit = ratelimit.PAIRING_CODE_PER_ADDRESS.limit
+    per_user = ratelimit.PAIRING_CODE_PER_ACCOUNT.limit
     tries = 0
     for i in range(limit // per_user + 1):
         account = django_user_model.objects.create_user(username=f"guesser{i}", password="x-long-password-1")
@@ -231,7 +232,7 @@ def test_brute_force_of_user_codes_is_stopped_per_address(start_pairing, django_
 
 
 def test_malformed_codes_count_as_wrong(api):
-    for _ in range(services.WRONG_CODE_LIMIT_USER[0]):
+    for _ in range(ratelimit.PAIRING_CODE_PER_ACCOUNT.limit):
         assert api.get("/api/devices/pairings/code/hello").status_code == 404
     assert api.get("/api/devices/pairings/code/hello").status_code == 429
 
