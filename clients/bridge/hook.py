@@ -280,6 +280,10 @@ def handle(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) 
     session_id = event.get("session_id")
     if not isinstance(session_id, str) or not session_id:
         return None
+    if name == "PermissionRequest" and isinstance(event.get("turn_id"), str):  # Codex CLI (codex_hook.py)
+        from clients.bridge.codex_hook import permission_request
+
+        return permission_request(event, daemon, window=window)
     if name == "SessionStart":
         daemon.post(
             "session-start",

@@ -19,7 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hooks = subparsers.add_parser("hooks", help="manage the agent host's hook entries")
     hooks_sub = hooks.add_subparsers(dest="hooks_command", metavar="ACTION")
     install = hooks_sub.add_parser("install", help="add the bridge's hooks to settings.json (or --rollback)")
-    install.add_argument("--settings", type=Path, default=None, help="default: ~/.claude/settings.json")
+    install.add_argument("--agent", choices=("claude", "codex"), default="claude",
+                         help="Claude Code (default) or OpenAI Codex CLI (README: Codex CLI)")
+    install.add_argument("--settings", type=Path, default=None,
+                         help="default: ~/.claude/settings.json; with --agent codex: $CODEX_HOME/hooks.json")
     install.add_argument("--answer-style", choices=("allow", "deny"), default="allow")
     install.add_argument("--window", type=int, default=120, help="seconds the question waits for the phone")
     install.add_argument("--command", dest="launcher", default=None, help="how to start the bridge (advanced)")
@@ -41,6 +44,10 @@ def cmd_hooks_install(args: argparse.Namespace) -> int:
     from clients.bridge.hooks_install import HooksInstallError, install, rollback
 
     home = home_dir(args)
+    if getattr(args, "agent", "claude") == "codex":
+        from clients.bridge.codex import run_cli
+
+        return run_cli(args, home)
     try:
         if args.rollback:
             done = rollback(home=home, settings_path=args.settings)

@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 MANIFEST = "hooks-installed.json"
 ASK_TOOL = "AskUserQuestion"
@@ -193,8 +193,10 @@ def install(
     window: int = DEFAULT_WINDOW,
     style: str = "allow",
     launcher: Optional[str] = None,
+    build_entries: Optional[Callable[..., List[Dict[str, Any]]]] = None,
 ) -> Dict[str, Any]:
-    """Add the hook entries. Returns {"settings", "changed", "backup", "command"}."""
+    """Add the hook entries (``build_entries(command=, window=)``, default Claude Code's; codex.py passes
+    Codex CLI's). Returns {"settings", "changed", "backup", "command"}."""
     if style not in ("allow", "deny"):
         raise HooksInstallError("answer style must be allow or deny")
     if not 5 <= int(window) <= 3600:
@@ -207,7 +209,7 @@ def install(
     manifest = _load_manifest(home)
     record = manifest["installs"].get(str(path))
     command = hook_command(home=home, launcher=launcher, window=int(window), style=style)
-    entries = desired_entries(command=command, window=int(window))
+    entries = (build_entries or desired_entries)(command=command, window=int(window))
     if launcher is None:
         precompile_hook()
 
