@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional
 
-from clients import limits
+from clients import limits, permission
 
 from .audit import AuditLog
 from .local_api import RequestRefused
@@ -158,6 +158,7 @@ class MobileBridge:
             "health": self._health,
             "session-start": self._session_start,
             "pre-tool-use": self._ask,
+            "permission-request": self._ask_permission,
             "questions/wait": self._wait_question,
             "questions/give-up": self._give_up_route,
             "post-tool-use": self._desktop_answer,
@@ -231,10 +232,7 @@ class MobileBridge:
             self.audit.write("question.refused", session_id=session_id, tool_use_id=tool_use_id, code="too_large",
                              detail=str(exc))
             raise RequestRefused(413, "questions_too_large") from None
-        try:
-            window = min(max(float(body.get("window_sec") or 120), 1.0), 3600.0)
-        except (TypeError, ValueError):
-            raise RequestRefused(400, "bad_window_sec") from None
+        window = _window(body)
         session = self.store.session(session_id)
         if session and session["ended"]:
             return {"skip": "session_ended"}
@@ -263,18 +261,64 @@ class MobileBridge:
             tool_use_id=tool_use_id,
             questions=[q["question"] for q in questions],
         )
+        params = {"question_id": question_id, "session_id": session_id, "tool_use_id": tool_use_id,
+                  "questions": questions}
+        return await self._send(question_id, session_id, cwd, "mobile.question", params, window)
+
+    async def _ask_permission(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        """A tool asks to run (PermissionRequest, or PreToolUse of a routed tool): a question with the fixed
+        options of clients.permission, bound to the hash of the exact input. A call the user allowed "for
+        this session" is allowed again at once, for the same session, tool and input only."""
+        session_id = _text(body, "session_id")
+        tool_use_id = _text(body, "tool_use_id", required=False)
+        cwd = _text(body, "cwd", required=False)
+        tool_name, tool_input = body.get("tool_name"), body.get("tool_input")
+        try:
+            permission.check(tool_name, tool_input)
+        except limits.LimitExceeded as exc:
+            self.audit.write("permission.refused", session_id=session_id, tool_name=str(tool_name)[:200],
+                             code="too_large", detail=str(exc))
+            raise RequestRefused(413, "tool_input_too_large") from None
+        except ValueError:
+            raise RequestRefused(400, "bad_tool_input") from None
+        window = _window(body)
+        input_hash = permission.input_hash(tool_input)
+        session = self.store.session(session_id)
+        if session and session["ended"]:
+            return {"skip": "session_ended"}
+        if self.switch is False:
+            self.audit.write("permission.skipped", session_id=session_id, tool_name=tool_name, code=MOBILE_REPLY_OFF)
+            return {"skip": MOBILE_REPLY_OFF}
+        remembered = self.store.remembered(session_id=session_id, tool_name=tool_name, input_hash=input_hash)
+        if remembered:
+            self.audit.write("permission.remembered", session_id=session_id, tool_name=tool_name,
+                             input_hash=input_hash, question_id=remembered)
+            return {"state": "answered", "decision": "allow", "input_hash": input_hash, "remembered": True}
+        if tool_use_id:
+            existing = self.store.question_for_tool_use(tool_use_id)
+            if existing and existing["state"] in OPEN_STATES:
+                return {"question_id": existing["question_id"]}
+        question_id = str(uuid.uuid4())
+        self.store.question_insert(
+            question_id=question_id, session_id=session_id, tool_use_id=tool_use_id, window_sec=window,
+            tool_input={"tool_name": tool_name, "tool_input": tool_input, "input_hash": input_hash},
+            kind="permission",
+        )
+        self.audit.write("permission.ask", durable=False, question_id=question_id, session_id=session_id,
+                         hook_event=str(body.get("event") or "")[:32], tool_name=tool_name, input_hash=input_hash)
+        params = {"question_id": question_id, "session_id": session_id, "tool_use_id": tool_use_id,
+                  "tool_name": tool_name, "tool_input": tool_input, "input_hash": input_hash}
+        return await self._send(question_id, session_id, cwd, "mobile.permission", params, window)
+
+    async def _send(self, question_id: str, session_id: str, cwd: str, method: str, params: Dict[str, Any],
+                    window: float) -> Dict[str, Any]:
+        """Put a stored question (or permission request) on the platform; name what became of it."""
         self._last_poll[question_id] = time.monotonic()
         try:
             await self._ensure_session(session_id, cwd)
             result = await self.tunnel.call(
-                "mobile.question",
-                {
-                    "question_id": question_id,
-                    "session_id": session_id,
-                    "tool_use_id": tool_use_id,
-                    "questions": questions,
-                    "window_sec": max(1, int(-(-window // 1))),  # whole seconds, rounded up
-                },
+                method,
+                {**params, "window_sec": max(1, int(-(-window // 1)))},  # whole seconds, rounded up
                 timeout=min(QUESTION_CALL_TIMEOUT, window),
             )
         except asyncio.CancelledError:
@@ -334,11 +378,29 @@ class MobileBridge:
 
     def _take(self, question: Dict[str, Any]) -> Dict[str, Any]:
         question_id = question["question_id"]
+        if question.get("kind") == "permission":
+            return self._take_decision(question)
         self.audit.write("question.take", question_id=question_id, answers=question["answers"], other=question["other"])
         if not self.store.question_transition(question_id, ("answered",), "taken"):
             return {"state": "gone"}
         self._last_poll.pop(question_id, None)
         return {"state": "answered", "answers": question["answers"] or {}, "other": question["other"] or {}}
+
+    def _take_decision(self, question: Dict[str, Any]) -> Dict[str, Any]:
+        """A permission request's decision (checked against its hash when it arrived, in on_answer)."""
+        question_id, request = question["question_id"], question["tool_input"]
+        tool_name, input_hash = request["tool_name"], request["input_hash"]
+        decision = permission.decision_of(tool_name, question["answers"] or {})
+        reason = permission.deny_reason(tool_name, question["other"]) if decision == "deny" else ""
+        self.audit.write("permission.take", question_id=question_id, session_id=question["session_id"],
+                         tool_name=tool_name, input_hash=input_hash, decision=decision, reason=reason)
+        if not self.store.question_transition(question_id, ("answered",), "taken"):
+            return {"state": "gone"}
+        self._last_poll.pop(question_id, None)
+        if decision == "allow_session":
+            self.store.remember(session_id=question["session_id"], tool_name=tool_name, input_hash=input_hash,
+                                question_id=question_id)
+        return {"state": "answered", "decision": decision, "input_hash": input_hash, "reason": reason}
 
     async def _give_up_route(self, body: Dict[str, Any]) -> Dict[str, Any]:
         question_id = _text(body, "question_id")
@@ -485,6 +547,7 @@ class MobileBridge:
         reason = _text(body, "reason", required=False) or "other"
         self.audit.write("session.end", session_id=session_id, reason=reason)
         self.store.session_upsert(session_id, ended=1, keep_going=0)
+        self.store.forget_session(session_id)  # "remember for this session" ends with it
         for question in self.store.questions_open(session_id):
             # The platform cancels the session's open questions itself when it hears of the end.
             self.store.question_transition(question["question_id"], OPEN_STATES, "closed", "session_ended")
@@ -501,6 +564,16 @@ class MobileBridge:
         if question is None:
             self.audit.write("answer.unknown", question_id=question_id)
             return
+        if question["state"] in ("asking", "pending") and question.get("kind") == "permission":
+            refusal = _decision_refusal(question, payload, answers)
+            if refusal:
+                # Never apply a decision made for another input: the hook stops waiting, the desktop asks.
+                self.audit.write("permission.refused", question_id=question_id, code=refusal,
+                                 got=str(payload.get("input_hash") or "")[:64])
+                if self.store.question_transition(question_id, ("asking", "pending"), "failed", refusal):
+                    self._report("mobile.question_moved", {"question_id": question_id, "reason": "hook_gone"})
+                    self._wake()
+                return
         if question["state"] in ("asking", "pending"):
             # A receipt, not a decision: the take that follows fsyncs it (clients.bridge.audit).
             self.audit.write("answer.apply", durable=False, question_id=question_id, answers=answers, other=other)
@@ -604,8 +677,26 @@ class MobileBridge:
             self._move(question_id, "hook_gone")
 
 
+def _decision_refusal(question: Dict[str, Any], payload: Dict[str, Any], answers: Dict[str, Any]) -> Optional[str]:
+    """Why a delivered decision cannot stand for this permission request (None: it can)."""
+    request = question["tool_input"]
+    if payload.get("input_hash") != request.get("input_hash"):
+        return "input_mismatch"
+    decision = permission.decision_of(request.get("tool_name") or "", answers)
+    if decision is None or payload.get("decision") != decision:
+        return "bad_decision"
+    return None
+
+
 def _normal(text: str) -> str:
     return " ".join(str(text).split()).casefold()
+
+
+def _window(body: Dict[str, Any]) -> float:
+    try:
+        return min(max(float(body.get("window_sec") or 120), 1.0), 3600.0)
+    except (TypeError, ValueError):
+        raise RequestRefused(400, "bad_window_sec") from None
 
 
 def _timeout(body: Dict[str, Any]) -> float:

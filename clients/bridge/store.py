@@ -58,7 +58,17 @@ CREATE TABLE IF NOT EXISTS reports (
     outcome TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS remembered (  -- "Allow and remember for this session", per exact tool input
+    session_id TEXT NOT NULL,
+    tool_name TEXT NOT NULL,
+    input_hash TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (session_id, tool_name, input_hash)
+);
 """
+# Added after the first release: a store written by an older bridge gains them when opened.
+COLUMNS_ADDED = (("questions", "kind", "TEXT NOT NULL DEFAULT 'question'"),)
 
 OPEN_STATES = ("asking", "pending", "answered")
 
@@ -72,6 +82,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        for table, column, spec in COLUMNS_ADDED:
+            if column not in {row["name"] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spec}")
         try:
             self.path.chmod(0o600)
         except OSError:
@@ -95,13 +108,16 @@ class Store:
 
     # --- questions ---------------------------------------------------------------------------
     def question_insert(
-        self, *, question_id: str, session_id: str, tool_use_id: str, tool_input: dict, window_sec: float
+        self, *, question_id: str, session_id: str, tool_use_id: str, tool_input: dict, window_sec: float,
+        kind: str = "question",
     ) -> None:
+        """``kind`` "permission": ``tool_input`` is {tool_name, tool_input, input_hash} (clients.permission)."""
         now = time.time()
         self._run(
             "INSERT INTO questions (question_id, session_id, tool_use_id, tool_input, window_sec, state, created_at,"
-            " deadline, updated_at) VALUES (?, ?, ?, ?, ?, 'asking', ?, ?, ?)",
-            (question_id, session_id, tool_use_id, json.dumps(tool_input), window_sec, now, now + window_sec, now),
+            " deadline, updated_at, kind) VALUES (?, ?, ?, ?, ?, 'asking', ?, ?, ?, ?)",
+            (question_id, session_id, tool_use_id, json.dumps(tool_input), window_sec, now, now + window_sec, now,
+             kind),
         )
 
     def question(self, question_id: str) -> Optional[Dict[str, Any]]:
@@ -208,6 +224,25 @@ class Store:
 
     def report_done(self, report_id: int, outcome: str) -> None:
         self._run("UPDATE reports SET done_at = ?, outcome = ? WHERE id = ?", (time.time(), outcome, report_id))
+
+    # --- remembered tool calls ("Allow and remember for this session") ---------------------
+    def remember(self, *, session_id: str, tool_name: str, input_hash: str, question_id: str) -> None:
+        self._run(
+            "INSERT OR IGNORE INTO remembered (session_id, tool_name, input_hash, question_id, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (session_id, tool_name, input_hash, question_id, time.time()),
+        )
+
+    def remembered(self, *, session_id: str, tool_name: str, input_hash: str) -> Optional[str]:
+        """The question whose answer allowed this very call for the session, or None."""
+        row = self._one(
+            "SELECT question_id FROM remembered WHERE session_id = ? AND tool_name = ? AND input_hash = ?",
+            (session_id, tool_name, input_hash),
+        )
+        return str(row["question_id"]) if row else None
+
+    def forget_session(self, session_id: str) -> None:
+        self._run("DELETE FROM remembered WHERE session_id = ?", (session_id,))
 
     # --- key/value ---------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:

@@ -1,0 +1,101 @@
+"""Claude Code's tool-permission requests, decided on the phone: ``PermissionRequest`` (any tool that asks)
+and ``PreToolUse`` for the tools the user routed (``hooks install --approve Bash,Write,Edit``).
+
+The daemon's ``permission-request`` route sends the request to the platform (or answers at once when
+the user chose "Allow and remember for this session" for this very call); the hook then long-polls
+``questions/wait`` like a question. The decision comes back with the SHA-256 of the tool input it was
+made for, and the hook checks it against the input it was given: a decision for any other input is
+no decision. Output, documented fields only (reference/agent-hooks.md):
+
+- PermissionRequest: ``hookSpecificOutput.decision = {behavior: allow}`` or ``{behavior: deny, message}``;
+- PreToolUse: ``permissionDecision`` allow or deny with ``permissionDecisionReason`` (a deny reason
+  reaches the model).
+
+No answer in the window, the switch off, the daemon down, a hash that does not match: no output, and
+the desktop asks as usual. Loaded by ``hook.py`` only for these events (the question path stays lean).
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only (typing costs the hook start-up time)
+    from typing import Any, Dict, Optional
+
+    from clients.bridge.hook import Daemon
+
+LONG_POLL_SEC = 25.0
+ALLOW_REASON = "Allowed from the user's phone (ai1net)."
+REMEMBERED_REASON = "Allowed from the user's phone earlier in this session (ai1net)."
+
+
+def decision_output(event_name: str, decision: str, reason: str = "", remembered: bool = False) -> Dict[str, Any]:
+    """The documented hook output for "allow" | "allow_session" | "deny" on ``event_name``."""
+    allowed = decision in ("allow", "allow_session")
+    if event_name == "PermissionRequest":
+        verdict: Dict[str, Any] = {"behavior": "allow"} if allowed else {"behavior": "deny", "message": reason}
+        return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": verdict}}
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "allow" if allowed else "deny",
+            "permissionDecisionReason": (REMEMBERED_REASON if remembered else ALLOW_REASON) if allowed else reason,
+        }
+    }
+
+
+def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
+    from clients import permission  # hashlib and json: only on this path
+
+    name = event.get("hook_event_name")
+    tool_name = event.get("tool_name")
+    tool_input = event.get("tool_input")
+    if name not in ("PermissionRequest", "PreToolUse") or not isinstance(tool_name, str):
+        return None
+    if not isinstance(tool_input, dict):
+        return None
+    expected = permission.input_hash(tool_input)
+    deadline = time.monotonic() + window
+    asked = daemon.post(
+        "permission-request",
+        {
+            "session_id": event["session_id"],
+            "event": name,
+            "tool_use_id": event.get("tool_use_id") or "",  # PermissionRequest carries none
+            "tool_name": tool_name,
+            "tool_input": tool_input,
+            "cwd": event.get("cwd") or "",
+            "window_sec": window,
+        },
+        timeout=min(20.0, window),
+    )
+    result: Optional[Dict[str, Any]] = asked if asked.get("decision") else None
+    question_id = asked.get("question_id")
+    if result is None and not question_id:
+        return None
+    while result is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:  # hand it to the desk; a decision that came in just in time still counts
+            result = daemon.post_retrying(
+                "questions/give-up", {"question_id": question_id, "reason": "timeout"}, 3.0, time.monotonic() + 3.0
+            )
+        else:
+            poll = min(remaining, LONG_POLL_SEC)
+            result = daemon.post_retrying(
+                "questions/wait", {"question_id": question_id, "timeout": poll}, poll + 5, deadline
+            )
+        if result is None:
+            if time.monotonic() < deadline:
+                continue
+            return None
+        if result.get("state") == "pending" and remaining > 0:
+            result = None
+            continue
+        if result.get("state") != "answered":
+            return None
+    decision = result.get("decision")
+    if decision not in ("allow", "allow_session", "deny") or result.get("input_hash") != expected:
+        return None  # not a decision for this very input: the desktop asks
+    reason = str(result.get("reason") or permission.DEFAULT_DENY_REASON)
+    return decision_output(str(name), str(decision), reason, remembered=bool(result.get("remembered")))

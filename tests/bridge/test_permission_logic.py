@@ -1,0 +1,211 @@
+"""Tool-permission requests on the desktop side, without processes: the daemon's logic against a fake
+tunnel (hash binding, single take, remember for the session, fail open) and the hook's exact output."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients import permission
+from clients.bridge import hook, permission_hook
+from clients.bridge.local_api import RequestRefused
+from clients.bridge.mobile import MobileBridge
+
+from .fakes import FakeTunnel
+
+BASH = {"command": "ls -la", "description": "list"}
+TEXT = permission.question_text("Bash")
+
+
+@pytest.fixture
+async def bridge(tmp_path):
+    tunnel = FakeTunnel()
+    tunnel.results["mobile.permission"] = lambda p: {"question_id": p["question_id"], "state": "pending",
+                                                    "expires_at": "2030-01-01T00:00:00Z", "mobile_reply": True}
+    bridge = MobileBridge(tmp_path, tunnel, sweep_interval=3600)
+    await bridge.start()
+    yield bridge
+    await bridge.stop()
+    bridge.store.close()
+
+
+def body(**extra):
+    return {"session_id": "s1", "event": "PreToolUse", "tool_use_id": "toolu_7", "tool_name": "Bash",
+            "tool_input": BASH, "cwd": "/work", "window_sec": 60, **extra}
+
+
+def delivered(question_id, label, **extra):
+    return {"question_id": question_id, "answers": {TEXT: [label]}, "other": {},
+            "input_hash": permission.input_hash(BASH), "decision": permission.DECISIONS[label], **extra}
+
+
+def events(bridge):
+    return [entry["event"] for entry in bridge.audit.entries()]
+
+
+async def test_the_request_goes_out_bound_to_the_input_hash_and_its_decision_is_taken_once(bridge):
+    asked = await bridge.dispatch("permission-request", body())
+    [sent] = bridge.tunnel.params("mobile.permission")
+    assert sent == {"question_id": asked["question_id"], "session_id": "s1", "tool_use_id": "toolu_7",
+                    "tool_name": "Bash", "tool_input": BASH, "input_hash": permission.input_hash(BASH),
+                    "window_sec": 60}
+    await bridge.on_answer(delivered(asked["question_id"], permission.DENY, other={TEXT: "not now"}))
+    taken = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 2})
+    assert taken == {"state": "answered", "decision": "deny", "input_hash": permission.input_hash(BASH),
+                     "reason": "The user denied this tool call from their phone: not now"}
+    again = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 0})
+    assert again["state"] == "taken"
+    assert events(bridge) == ["permission.ask", "answer.apply", "permission.take"]
+
+
+async def test_a_decision_for_another_input_is_never_applied(bridge):
+    asked = await bridge.dispatch("permission-request", body())
+    await bridge.on_answer(delivered(asked["question_id"], permission.ALLOW, input_hash="f" * 64))
+    result = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 2})
+    assert result == {"state": "failed", "reason": "input_mismatch"}
+    assert events(bridge)[-1] == "permission.refused"
+
+
+async def test_a_decision_that_is_not_the_chosen_option_is_never_applied(bridge):
+    asked = await bridge.dispatch("permission-request", body())
+    await bridge.on_answer(delivered(asked["question_id"], permission.DENY, decision="allow"))
+    result = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 2})
+    assert result == {"state": "failed", "reason": "bad_decision"}
+
+
+async def test_allow_for_the_session_allows_the_same_call_again_and_nothing_else(bridge):
+    asked = await bridge.dispatch("permission-request", body())
+    await bridge.on_answer(delivered(asked["question_id"], permission.ALLOW_SESSION))
+    taken = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 2})
+    assert taken["decision"] == "allow_session"
+    again = await bridge.dispatch("permission-request", body(tool_use_id="toolu_8"))
+    assert again == {"state": "answered", "decision": "allow", "input_hash": permission.input_hash(BASH),
+                     "remembered": True}
+    assert len(bridge.tunnel.params("mobile.permission")) == 1
+    other = await bridge.dispatch("permission-request", body(tool_use_id="toolu_9", tool_input={"command": "rm x"}))
+    assert "question_id" in other  # another input asks again
+    elsewhere = await bridge.dispatch("permission-request", body(session_id="s2", tool_use_id="toolu_10"))
+    assert "question_id" in elsewhere  # another session asks again
+    await bridge.dispatch("session-end", {"session_id": "s1", "reason": "other"})
+    assert bridge.store.remembered(session_id="s1", tool_name="Bash", input_hash=permission.input_hash(BASH)) is None
+    assert "permission.remembered" in events(bridge)
+
+
+async def test_switch_off_and_oversize_input_fail_open(bridge):
+    big = {"command": "x" * (permission.limits.LIMITS["permission.tool_input"].max + 1)}
+    with pytest.raises(RequestRefused) as refused:
+        await bridge.dispatch("permission-request", body(tool_input=big))
+    assert refused.value.status == 413
+    await bridge.on_switch({"enabled": False})
+    assert await bridge.dispatch("permission-request", body()) == {"skip": "mobile_reply_off"}
+    assert bridge.tunnel.params("mobile.permission") == []
+
+
+# --- the hook ------------------------------------------------------------------------------------------
+
+
+class ScriptedDaemon:
+    """The daemon as the hook sees it: canned answers per route, calls recorded."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.calls = []
+
+    def post(self, route, body, timeout):
+        self.calls.append((route, body))
+        answer = self.answers[route]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def post_retrying(self, route, body, timeout, deadline):
+        return self.post(route, body, timeout)
+
+
+def event(name, tool_input=None):
+    event = {"session_id": "s1", "transcript_path": "/t", "cwd": "/work", "hook_event_name": name,
+             "tool_name": "Bash", "tool_input": BASH if tool_input is None else tool_input}
+    if name == "PreToolUse":
+        event["tool_use_id"] = "toolu_7"
+    return event
+
+
+def answered(decision, reason="", input_hash=None):
+    return {"state": "answered", "decision": decision, "reason": reason,
+            "input_hash": input_hash or permission.input_hash(BASH)}
+
+
+@pytest.mark.parametrize(("name", "decision", "expected"), [
+    ("PermissionRequest", "allow", {"behavior": "allow"}),
+    ("PermissionRequest", "allow_session", {"behavior": "allow"}),
+    ("PermissionRequest", "deny", {"behavior": "deny", "message": "no: not now"}),
+])
+def test_permission_request_output_is_the_documented_decision(name, decision, expected):
+    daemon = ScriptedDaemon({"permission-request": {"question_id": "q1"},
+                             "questions/wait": answered(decision, "no: not now")})
+    out = hook.handle(event(name), daemon, window=5, style="allow")
+    assert out == {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": expected}}
+    route, sent = daemon.calls[0]
+    assert route == "permission-request" and sent["tool_use_id"] == "" and sent["event"] == "PermissionRequest"
+
+
+def test_pre_tool_use_output_allows_or_denies_with_a_reason_the_model_reads():
+    daemon = ScriptedDaemon({"permission-request": {"question_id": "q1"}, "questions/wait": answered("allow")})
+    assert hook.handle(event("PreToolUse"), daemon, window=5, style="allow") == {"hookSpecificOutput": {
+        "hookEventName": "PreToolUse", "permissionDecision": "allow",
+        "permissionDecisionReason": permission_hook.ALLOW_REASON}}
+    daemon = ScriptedDaemon({"permission-request": {"question_id": "q1"},
+                             "questions/wait": answered("deny", "The user denied this: use make")})
+    assert hook.handle(event("PreToolUse"), daemon, window=5, style="allow") == {"hookSpecificOutput": {
+        "hookEventName": "PreToolUse", "permissionDecision": "deny",
+        "permissionDecisionReason": "The user denied this: use make"}}
+    remembered = ScriptedDaemon({"permission-request": {**answered("allow"), "remembered": True}})
+    out = hook.handle(event("PreToolUse"), remembered, window=5, style="allow")
+    assert out["hookSpecificOutput"]["permissionDecisionReason"] == permission_hook.REMEMBERED_REASON
+    assert [route for route, _ in remembered.calls] == ["permission-request"]
+
+
+def test_a_decision_for_another_input_gives_no_output():
+    daemon = ScriptedDaemon({"permission-request": {"question_id": "q1"},
+                             "questions/wait": answered("allow", input_hash=permission.input_hash({"command": "rm"}))})
+    assert hook.handle(event("PreToolUse"), daemon, window=5, style="allow") is None
+
+
+@pytest.mark.parametrize("answers", [
+    {"permission-request": {"skip": "mobile_reply_off"}},
+    {"permission-request": hook.DaemonDown("refused")},
+    {"permission-request": {"question_id": "q1"}, "questions/wait": {"state": "moved", "reason": "timeout"}},
+    {"permission-request": {"question_id": "q1"}, "questions/wait": {"state": "failed", "reason": "input_mismatch"}},
+])
+def test_no_decision_means_no_output_and_the_desktop_asks(answers, tmp_path):
+    daemon = ScriptedDaemon(answers)
+    if isinstance(answers["permission-request"], Exception):
+        with pytest.raises(hook.DaemonDown):  # run() turns it into no output
+            hook.handle(event("PermissionRequest"), daemon, window=5, style="allow")
+    else:
+        assert hook.handle(event("PermissionRequest"), daemon, window=5, style="allow") is None
+    out = _run_hook(tmp_path, event("PermissionRequest"))
+    assert out == ""  # no daemon at all: nothing printed, exit 0
+
+
+def test_codex_events_and_ask_user_question_are_not_taken_for_permission_requests():
+    daemon = ScriptedDaemon({})
+    codex = dict(event("PreToolUse"), turn_id="t1")
+    assert hook.handle(codex, daemon, window=5, style="allow") is None
+    assert daemon.calls == []
+
+
+def _run_hook(tmp_path, payload):
+    import io
+    import json
+
+    out = io.StringIO()
+    assert hook.run(str(tmp_path), stdin=io.BytesIO(json.dumps(payload).encode()), stdout=out) == 0
+    return out.getvalue()
+
+
+def test_the_pending_state_keeps_the_hook_waiting_until_the_answer():
+    daemon = ScriptedDaemon({"permission-request": {"question_id": "q1"}})
+    states = iter([{"state": "pending"}, {"state": "pending"}, answered("allow")])
+    daemon.post_retrying = lambda route, body, timeout, deadline: next(states)
+    out = permission_hook.permission_request(event("PreToolUse"), daemon, window=5)
+    assert out["hookSpecificOutput"]["permissionDecision"] == "allow"
