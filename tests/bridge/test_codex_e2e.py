@@ -1,0 +1,125 @@
+"""Proof against the real agent host: the real OpenAI Codex CLI (pinned below) runs offline against a
+scripted fake of the Responses API (fake_openai.py) with the hooks that `hooks install --agent codex`
+wrote and trusted. The fake model asks for two commands that need approval; each approval reaches the
+phone (an HTTP client on a real daphne) as a question; the phone denies the first with a note and allows
+the second. The denied command never runs and the model reads the phone's note; the allowed one runs.
+
+`codex exec` never asks for approval (its policy is "never") unless it runs with ``--approve-for-me``:
+then the PermissionRequest hook is consulted first, and only a request the hook leaves undecided goes
+to Codex's automatic reviewer. The TUI consults the hook the same way before it shows its own prompt.
+
+The CLI is installed by this test's set-up into a cache folder (never committed) unless CODEX_BIN
+points at one, or ~/.cache/ai1net-codex already holds the pinned version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from im.models import Message
+from mobile.models import AgentSession
+from tests.e2e_support import ROOT, wait_until
+
+from .fake_openai import FakeResponsesApi, call, say
+from .test_mobile_e2e import answer, pending, world  # noqa: F401 - world is a fixture
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.codex, pytest.mark.django_db(transaction=True)]
+
+CODEX_VERSION = "0.171.0"
+CACHE_DIRS = [ROOT / ".cache" / f"codex-{CODEX_VERSION}", Path.home() / ".cache" / "ai1net-codex"]
+
+
+def codex_bin() -> str:
+    if os.environ.get("CODEX_BIN"):
+        return os.environ["CODEX_BIN"]
+    for folder in CACHE_DIRS:
+        candidate = folder / "node_modules" / ".bin" / "codex"
+        if candidate.exists() and _version(candidate) == CODEX_VERSION:
+            return str(candidate)
+    if not shutil.which("npm"):
+        pytest.skip("npm is not installed: cannot install the Codex CLI")
+    folder = CACHE_DIRS[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
+                           f"@openai/codex@{CODEX_VERSION}"], capture_output=True, text=True, timeout=600)
+    candidate = folder / "node_modules" / ".bin" / "codex"
+    if done.returncode != 0 or not candidate.exists():
+        pytest.skip(f"could not install the Codex CLI: {done.stderr[-500:]}")
+    return str(candidate)
+
+
+def _version(path: Path) -> str:
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.split()[-1] if out.split() else ""  # "codex-cli 0.171.0"
+
+
+def provider_config(base_url: str) -> str:
+    return (f'model = "gpt-fake"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+            f'base_url = "{base_url}"\nwire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n')
+
+
+def test_the_real_codex_cli_asks_the_phone_for_approval(world, tmp_path):  # noqa: F811
+    binary = codex_bin()
+    server, desk, session = world
+    codex_home = tmp_path / "codex"
+    work = tmp_path / "work"
+    codex_home.mkdir()
+    work.mkdir()
+    denied_file, allowed_file = work / "DENIED_RAN", work / "ALLOWED_RAN"
+    steps = [
+        call("exec_command", {"cmd": f"touch {denied_file}", "sandbox_permissions": "require_escalated",
+                              "justification": "create the first marker"}, "call_denied"),
+        call("exec_command", {"cmd": f"touch {allowed_file}", "sandbox_permissions": "require_escalated",
+                              "justification": "create the second marker"}, "call_allowed"),
+        say("Both asked. FINAL_TEXT_FROM_FAKE_MODEL"),
+    ]
+    env = {**os.environ, "CODEX_HOME": str(codex_home), "HOME": str(tmp_path)}
+    with FakeResponsesApi(steps) as model:
+        (codex_home / "config.toml").write_text(provider_config(model.base_url))
+        installed = subprocess.run(
+            [sys.executable, "-m", "clients.bridge", "--home", str(desk.home), "hooks", "install", "--agent", "codex",
+             "--window", "90"], cwd=ROOT, capture_output=True, text=True, timeout=30, env=env)
+        assert installed.returncode == 0, installed.stderr
+        codex = desk.pool.submit(
+            subprocess.run, [binary, "exec", "--skip-git-repo-check", "--approve-for-me", "Make the two markers"],
+            cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
+
+        [first] = pending(session)
+        text = first["questions"][0]["question"]
+        assert text == f"Codex asks to run:\ntouch {denied_file}\nWhy: create the first marker"
+        assert answer(session, first, {text: ["Deny"]}, {text: "not in this folder"}).status_code == 200
+        [second] = wait_until(
+            lambda: [q for q in session.get("/api/mobile/pending").json()["questions"]
+                     if q["question_id"] != first["question_id"]],
+            timeout=60, interval=0.2, message="the second approval on the phone")
+        text = second["questions"][0]["question"]
+        assert text.startswith(f"Codex asks to run:\ntouch {allowed_file}\n")
+        assert answer(session, second, {text: ["Allow"]}).status_code == 200
+        result = codex.result(120)
+
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "FINAL_TEXT_FROM_FAKE_MODEL" in result.stdout
+    assert not denied_file.exists() and allowed_file.exists()
+    outputs = model.tool_outputs()
+    assert "The user denied this on their phone. Their note: not in this folder" in outputs["call_denied"], outputs
+    assert "denied" not in outputs["call_allowed"].lower(), outputs
+    assert "PermissionRequest Blocked" in result.stderr and "hook: Stop" in result.stderr
+
+    # Every hook reached the bridge; the session and its Stop event reached the platform.
+    session_id = first["session_id"]
+    room = AgentSession.objects.get(session_id=session_id).room
+    wait_until(lambda: "Stop" in {m.body.get("event") for m in Message.objects.filter(room=room, kind="event")},
+               timeout=20, message="Stop in the session's room")
+    log = desk.process.log()
+    for route in ("session-start", "user-prompt-submit", "pre-tool-use", "questions/wait", "stop"):
+        assert f'"POST /v1/{route} HTTP/1.1" 200' in log, route
+    assert desk.audit().count("question.take") == 2
