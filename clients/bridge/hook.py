@@ -284,7 +284,7 @@ def handle(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) 
         from clients.bridge.codex_hook import permission_request
 
         return permission_request(event, daemon, window=window)
-    routed = name == "PermissionRequest" or (name == "PreToolUse" and event.get("tool_name") != ASK_TOOL)
+    routed = name in ("PermissionRequest", "PreToolUse") and event.get("tool_name") != ASK_TOOL
     if routed and "turn_id" not in event:  # Claude Code's; Codex's output contract differs
         from clients.bridge import permission_hook  # tool approval from the phone (routed tools only)
 

@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     install.add_argument("--answer-style", choices=("allow", "deny"), default="allow")
     install.add_argument("--window", type=int, default=120, help="seconds the question waits for the phone")
     install.add_argument("--command", dest="launcher", default=None, help="how to start the bridge (advanced)")
+    install.add_argument("--approve", metavar="TOOLS", default=None,
+                         help="approve tool calls from the phone: these tools always (e.g. Bash,Write,Edit), "
+                              "others when Claude Code asks; 'asked': only when Claude Code asks")
     install.add_argument("--rollback", action="store_true", help="remove exactly what install added")
     add_home_argument(install)
     install.set_defaults(func=cmd_hooks_install)
@@ -41,7 +44,7 @@ def cmd_hook(args: argparse.Namespace) -> int:
 
 def cmd_hooks_install(args: argparse.Namespace) -> int:
     from clients.bridge.cli import home_dir
-    from clients.bridge.hooks_install import HooksInstallError, install, rollback
+    from clients.bridge.hooks_install import HooksInstallError, install, parse_approve, rollback
 
     home = home_dir(args)
     if getattr(args, "agent", "claude") == "codex":
@@ -62,6 +65,7 @@ def cmd_hooks_install(args: argparse.Namespace) -> int:
             window=args.window,
             style=args.answer_style,
             launcher=args.launcher,
+            approve=parse_approve(args.approve),
         )
     except HooksInstallError as exc:
         print(f"ai1net-bridge: {exc}", file=sys.stderr)

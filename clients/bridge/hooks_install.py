@@ -25,6 +25,8 @@ ASK_TOOL = "AskUserQuestion"
 DEFAULT_WINDOW = 120
 STATUS_ASK = "Question sent to your phone (ai1net)…"
 STATUS_STOP = "Waiting for a message from your phone (ai1net)…"
+STATUS_APPROVE = "Approval request sent to your phone (ai1net)…"
+APPROVE_ASKED = "asked"  # --approve asked: only the tool calls Claude Code itself would ask about
 
 
 class HooksInstallError(Exception):
@@ -85,7 +87,28 @@ def hook_command(
     return f"{base} --home {home_arg} hook --window {int(window)} --answer-style {style}"
 
 
-def desired_entries(*, command: str, window: int) -> List[Dict[str, Any]]:
+def parse_approve(value: Optional[str]) -> Optional[List[str]]:
+    """``--approve Bash,Write,Edit`` -> the tools routed through PreToolUse; ``asked`` -> none of them
+    (only PermissionRequest); None -> no tool approval from the phone at all."""
+    if value is None:
+        return None
+    tools = [name.strip() for name in value.split(",") if name.strip()]
+    if tools == [APPROVE_ASKED]:
+        return []
+    for name in tools:
+        if not name.replace("_", "").isalnum() or not name.isascii() or name == ASK_TOOL:
+            raise HooksInstallError(f"--approve takes tool names such as Bash,Write,Edit (or {APPROVE_ASKED}), "
+                                    f"not {name!r}")
+    if not tools:
+        raise HooksInstallError(f"--approve takes tool names such as Bash,Write,Edit (or {APPROVE_ASKED})")
+    return list(dict.fromkeys(tools))
+
+
+def desired_entries(*, command: str, window: int, approve: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Claude Code's entries. ``approve`` (see parse_approve): PreToolUse for those tools, and
+    PermissionRequest for every other tool that asks (not AskUserQuestion, whose dialog is the desk's
+    answer, nor a routed tool, whose desktop prompt after a phone timeout must stay at the desk)."""
+
     def handler(timeout: int, status: Optional[str] = None) -> Dict[str, Any]:
         entry: Dict[str, Any] = {"type": "command", "command": command, "timeout": timeout}
         if status:
@@ -99,7 +122,18 @@ def desired_entries(*, command: str, window: int) -> List[Dict[str, Any]]:
         {"event": "UserPromptSubmit", "group": {"hooks": [handler(10)]}},
         {"event": "Stop", "group": {"hooks": [handler(window + 30, STATUS_STOP)]}},
         {"event": "SessionEnd", "group": {"hooks": [handler(2)]}},
-    ]
+    ] + _approval_entries(approve, handler(window + 30, STATUS_APPROVE))
+
+
+def _approval_entries(approve: Optional[List[str]], handler: Dict[str, Any]) -> List[Dict[str, Any]]:
+    if approve is None:
+        return []
+    not_asked = "|".join([ASK_TOOL, *approve])  # names only (parse_approve): no regex metacharacters
+    entries = [{"event": "PermissionRequest", "group": {"matcher": f"^(?!({not_asked})$)", "hooks": [handler]}}]
+    if approve:
+        # Letters, digits and "|" only: an exact list of names (reference/agent-hooks.md, "Matcher").
+        entries.append({"event": "PreToolUse", "group": {"matcher": "|".join(approve), "hooks": [handler]}})
+    return entries
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -194,6 +228,7 @@ def install(
     style: str = "allow",
     launcher: Optional[str] = None,
     build_entries: Optional[Callable[..., List[Dict[str, Any]]]] = None,
+    approve: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
     """Add the hook entries (``build_entries(command=, window=)``, default Claude Code's; codex.py passes
     Codex CLI's). Returns {"settings", "changed", "backup", "command"}."""
@@ -209,7 +244,10 @@ def install(
     manifest = _load_manifest(home)
     record = manifest["installs"].get(str(path))
     command = hook_command(home=home, launcher=launcher, window=int(window), style=style)
-    entries = (build_entries or desired_entries)(command=command, window=int(window))
+    if build_entries is not None:
+        entries = build_entries(command=command, window=int(window))
+    else:
+        entries = desired_entries(command=command, window=int(window), approve=approve)
     if launcher is None:
         precompile_hook()
 

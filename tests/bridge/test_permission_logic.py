@@ -209,3 +209,38 @@ def test_the_pending_state_keeps_the_hook_waiting_until_the_answer():
     daemon.post_retrying = lambda route, body, timeout, deadline: next(states)
     out = permission_hook.permission_request(event("PreToolUse"), daemon, window=5)
     assert out["hookSpecificOutput"]["permissionDecision"] == "allow"
+
+
+# --- hooks install --approve ---------------------------------------------------------------------------
+
+
+def test_hooks_install_approve_routes_the_tools_and_rollback_removes_exactly_that(tmp_path):
+    import json
+
+    from clients.bridge.hooks_install import HooksInstallError, install, parse_approve, rollback
+
+    settings = tmp_path / "settings.json"
+    original = b'{\n  "hooks": {\n    "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "x"}]}]\n  }\n}\n'
+    settings.write_bytes(original)
+    home = tmp_path / "home"
+    approve = parse_approve("Bash, Write,Edit,Bash")
+    assert approve == ["Bash", "Write", "Edit"]
+    first = install(home=home, settings_path=settings, window=60, launcher="bridge", approve=approve)
+    hooks = json.loads(settings.read_text())["hooks"]
+    handler = {"type": "command", "command": first["command"], "timeout": 90,
+               "statusMessage": "Approval request sent to your phone (ai1net)…"}
+    assert hooks["PermissionRequest"] == [{"matcher": "^(?!(AskUserQuestion|Bash|Write|Edit)$)", "hooks": [handler]}]
+    assert hooks["PreToolUse"][0]["matcher"] == "Bash"  # the user's own entry stays first
+    assert {"matcher": "Bash|Write|Edit", "hooks": [handler]} in hooks["PreToolUse"]
+    again = install(home=home, settings_path=settings, window=60, launcher="bridge", approve=approve)
+    assert again["changed"] is False
+    only_asked = install(home=home, settings_path=settings, window=60, launcher="bridge", approve=parse_approve("asked"))
+    hooks = json.loads(settings.read_text())["hooks"]
+    assert only_asked["changed"] and hooks["PermissionRequest"][0]["matcher"] == "^(?!(AskUserQuestion)$)"
+    assert not any(group.get("matcher") == "Bash|Write|Edit" for group in hooks["PreToolUse"])
+    assert rollback(home=home) == [{"settings": str(settings.resolve()), "action": "restored"}]
+    assert settings.read_bytes() == original
+    for bad in ("Bash(rm)", "AskUserQuestion", "", "a|b"):
+        with pytest.raises(HooksInstallError):
+            parse_approve(bad)
+    assert parse_approve(None) is None
