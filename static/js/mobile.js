@@ -241,6 +241,7 @@
 
   function buildQuestion(q) {
     var card = el("article", { class: "m-question", "data-testid": "question", "data-question-id": q.question_id });
+    if (q.kind === "permission") card.appendChild(permissionView(q));
     q.questions.forEach(function (item) {
       var options = el("div", { class: "m-options", role: item.multiSelect ? "group" : "radiogroup" });
       item.options.forEach(function (option) {
@@ -253,7 +254,8 @@
         options.appendChild(button);
       });
       var other = el("input", { type: "text", class: "m-other", "data-testid": "other", "data-question": item.question,
-        placeholder: "Other answer (optional)", maxlength: "8000" });
+        placeholder: q.kind === "permission" ? "Reason for the agent if you deny (optional)" : "Other answer (optional)",
+        maxlength: "8000" });
       card.appendChild(el("div", { class: "m-item" }, [
         el("span", { class: "badge m-header", text: item.header || "Question" }),
         item.multiSelect ? el("span", { class: "muted", text: " · choose any" }) : null,
@@ -268,6 +270,21 @@
     card.appendChild(el("p", { class: "m-state", "data-testid": "question-state" }));
     card.appendChild(el("p", { class: "m-error", "data-testid": "answer-error" }));
     return card;
+  }
+
+  // A tool asking to run: its name and what it would do (a command, a diff), as plain text only.
+  function permissionView(q) {
+    var r = q.rendering || {};
+    var lines = (r.text || "").split("\n").map(function (line) {
+      var kind = r.kind !== "diff" ? "" : line.charAt(0) === "+" ? "m-add" : line.charAt(0) === "-" ? "m-del" : "";
+      return el("span", { class: "m-line " + kind, text: line + "\n" });
+    });
+    return el("div", { class: "m-permission", "data-testid": "permission" }, [
+      el("span", { class: "badge", "data-testid": "tool-name", text: q.tool_name || "Tool" }),
+      el("span", { class: "muted", text: r.kind === "diff" ? " wants to change a file" : " wants to run" }),
+      el("pre", { class: "m-rendering", "data-testid": "rendering" }, lines),
+      r.truncated ? el("p", { class: "muted", text: "Shortened; the full input is on the desktop." }) : null
+    ]);
   }
 
   function toggle(q, item, label) {
@@ -287,7 +304,9 @@
     var error = card.querySelector("[data-testid=answer-error]");
     error.textContent = "";
     submit.disabled = true;
-    api("POST", "/api/mobile/answer", { question_id: q.question_id, nonce: q.nonce, answers: q.chosen, other: other })
+    var body = { question_id: q.question_id, nonce: q.nonce, answers: q.chosen, other: other };
+    if (q.kind === "permission") body.input_hash = q.input_hash;  // the decision is for this very input
+    api("POST", "/api/mobile/answer", body)
       .then(function (r) {
         submit.disabled = false;
         if (r.ok) { setQuestionState(q.question_id, r.data.state || "answered"); return; }
