@@ -1,0 +1,96 @@
+"""Proof against the real agent host for tool approval from the phone: the real Claude Code CLI (2.1.197)
+runs offline through the shared harness with the hooks `hooks install --approve` wrote; its scripted fake
+model runs two Bash commands; each reaches the phone (an HTTP client on a real daphne) as a permission
+request; the phone allows the first (it runs: the model receives its output) and denies the second with
+a reason (it does not run: its marker file never appears, and the model receives the reason).
+
+- print mode (`claude -p`), `--approve Bash`: the PreToolUse path (PermissionRequest does not fire in -p);
+- interactive mode (tmux), `--approve asked`: the PermissionRequest path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ai1net.accounts.models import AuditEntry
+from clients import permission
+from tests.e2e_support import ROOT, csrf
+
+from .test_claude_e2e import HARNESS, claude_bin
+from .test_mobile_e2e import pending, world  # noqa: F401 - world is a fixture
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.claude, pytest.mark.django_db(transaction=True)]
+
+ALLOWED = {"command": "touch allowed-marker && echo hi-from-bash", "description": "mark"}
+DENIED = {"command": "touch denied-marker", "description": "mark again"}
+SCRIPT = {
+    "steps": [
+        {"content": [{"type": "tool_use", "name": "Bash", "input": ALLOWED}]},
+        {"content": [{"type": "tool_use", "name": "Bash", "input": DENIED}]},
+        {"content": [{"type": "text", "text": "Done. FINAL_TEXT_FROM_FAKE_MODEL"}]},
+    ],
+    "side_text": "OK",
+}
+MODES = [("print", "Bash", "PreToolUse")] + (
+    [("interactive", "asked", "PermissionRequest")] if shutil.which("tmux") else [])
+TEXT = permission.question_text("Bash")
+
+
+def decide(session, item, label, reason=None):
+    body = {"question_id": item["question_id"], "nonce": item["nonce"], "input_hash": item["input_hash"],
+            "answers": {TEXT: [label]}}
+    if reason:
+        body["other"] = {TEXT: reason}
+    return session.post("/api/mobile/answer", json=body, headers=csrf(session))
+
+
+@pytest.mark.parametrize(("mode", "approve", "event"), MODES)
+def test_the_real_claude_code_runs_what_the_phone_allows_not_what_it_denies(world, tmp_path, mode, approve, event):  # noqa: F811, E501
+    if not (HARNESS / "run_claude_with_hooks.sh").exists():
+        pytest.skip(f"the Claude Code harness is not at {HARNESS}")
+    binary = claude_bin()
+    server, desk, session = world
+    settings = tmp_path / "settings.json"
+    installed = subprocess.run(
+        [sys.executable, "-m", "clients.bridge", "--home", str(desk.home), "hooks", "install", "--settings",
+         str(settings), "--window", "90", "--approve", approve], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert installed.returncode == 0, installed.stderr
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "CLAUDE_BIN": binary, "FAKE_SCRIPT": str(script), "RUN_DIR": str(run_dir), "MODE": mode,
+           "TIMEOUT": "150"}
+    claude = desk.pool.submit(subprocess.run, [str(HARNESS / "run_claude_with_hooks.sh"), str(settings),
+                                               "Mark the project"], env=env, capture_output=True, text=True,
+                              timeout=240)
+
+    [first] = pending(session)
+    assert (first["kind"], first["tool_name"]) == ("permission", "Bash")
+    assert first["input_hash"] == permission.input_hash(ALLOWED)
+    assert first["rendering"]["text"] == "# mark\n" + ALLOWED["command"]
+    assert decide(session, first, permission.ALLOW).status_code == 200
+    [second] = pending(session)
+    assert second["input_hash"] == permission.input_hash(DENIED)
+    assert decide(session, second, permission.DENY, "use the Makefile").status_code == 200
+    result = claude.result(260)
+    assert result.returncode == 0, (result.stdout, result.stderr, (run_dir / "claude.stderr").read_text())
+
+    tool_results = [json.loads(line) for line in (run_dir / "api" / "tool_results.jsonl").read_text().splitlines()]
+    received = json.dumps(tool_results)
+    assert "hi-from-bash" in received, received
+    assert "The user denied this tool call from their phone: use the Makefile" in received, received
+    assert (run_dir / "work" / "allowed-marker").exists()
+    assert not (run_dir / "work" / "denied-marker").exists()
+    assert desk.audit().count("permission.take") == 2
+    assert '"POST /v1/permission-request HTTP/1.1" 200' in desk.process.log()
+    decisions = [e.data.get("decision") for e in AuditEntry.objects.filter(action="mobile.answer").order_by("pk")]
+    assert decisions == ["allow", "deny"]
+    asked = [json.loads(line) for line in (desk.home / "audit.jsonl").read_text().splitlines()
+             if '"permission.ask"' in line]
+    assert [entry.get("hook_event") for entry in asked] == [event, event]
