@@ -16,8 +16,8 @@ entries go in with ``hooks_install.install`` (same idempotence, backup and manif
   one handler with ``timeout`` always present and ``async`` false.
 
 Events installed: SessionStart, UserPromptSubmit (phone messages as context), PermissionRequest
-(approvals to the phone, codex_hook.py) and Stop (wait for a phone message). Codex has no SessionEnd
-and no AskUserQuestion-style tool a hook can answer, so nothing else is wired (README: Codex CLI).
+(approvals to the phone), PreToolUse of ``request_user_input`` (Codex's questions to the phone; both in
+codex_hook.py) and Stop (wait for a phone message). Codex has no SessionEnd (README: Codex CLI).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from clients.bridge import hooks_install
-from clients.bridge.hooks_install import HooksInstallError
+from clients.bridge.codex_hook import QUESTION_TOOL
+from clients.bridge.hooks_install import STATUS_ASK, HooksInstallError
 
 LABELS = {
     "PreToolUse": "pre_tool_use",
@@ -62,6 +63,7 @@ def codex_entries(*, command: str, window: int) -> List[Dict[str, Any]]:
         {"event": "SessionStart", "group": {"hooks": [handler(10)]}},
         {"event": "UserPromptSubmit", "group": {"hooks": [handler(10)]}},
         {"event": "PermissionRequest", "group": {"hooks": [handler(window + 30, STATUS_APPROVAL)]}},
+        {"event": "PreToolUse", "group": {"matcher": QUESTION_TOOL, "hooks": [handler(window + 30, STATUS_ASK)]}},
         {"event": "Stop", "group": {"hooks": [handler(window + 30, hooks_install.STATUS_STOP)]}},
     ]
 

@@ -1,13 +1,17 @@
-"""Codex CLI's approval requests (``PermissionRequest``), answered from the phone.
+"""What Codex CLI raises that the phone can answer: approvals and its own questions.
 
-Codex asks for approval when a command needs more than its sandbox allows (``Bash``, and
-``NetworkAccess`` for network); the hook runs before Codex shows its own prompt. We send it to the
-phone through the ordinary question path (the daemon's ``pre-tool-use`` and ``questions/wait``
-routes: one question, options Allow and Deny) and answer with Codex's documented output:
-``hookSpecificOutput.decision.behavior`` allow or deny (with a ``message`` the model reads). No answer
-in the window, phone reply off or the daemon down: no output, and Codex asks at the desk as usual.
+* ``PermissionRequest``: Codex asks for approval when a command needs more than its sandbox allows
+  (tool ``Bash``; ``NetworkAccess`` for network); the hook runs before Codex's own prompt (or, under
+  ``codex exec --approve-for-me``, before its automatic reviewer). It goes to the phone through the
+  ordinary question path (the daemon's ``pre-tool-use`` and ``questions/wait`` routes: one question,
+  options Allow and Deny) and is answered with Codex's documented output,
+  ``hookSpecificOutput.decision.behavior`` allow or deny (with a ``message`` the model reads).
+* ``PreToolUse`` of ``request_user_input`` (Codex's question tool, offered in Plan mode): its questions
+  go to the phone as they are; the answer goes back as a deny whose reason carries it (Claude Code's
+  ``--answer-style deny``), since Codex takes ``allow`` only with ``updatedInput``.
 
-Loaded by ``hook.py`` only for a Codex ``PermissionRequest``, so it keeps to the same few imports.
+No answer in the window, phone reply off or the daemon down: no output, and Codex asks at the desk as
+usual. Loaded by ``hook.py`` only for these events of Codex, so it keeps to the same few imports.
 """
 
 from __future__ import annotations
@@ -26,11 +30,7 @@ HEADER = "Codex approval"
 MAX_SHOWN_CHARS = 1500  # a question's text is at most 2000 characters (clients/limits.py)
 DENY_MESSAGE = "The user denied this on their phone."
 LONG_POLL_SEC = 25.0
-
-
-def is_codex_event(event: Dict[str, Any]) -> bool:
-    """Codex's hook payloads carry ``turn_id`` (a Codex extension); Claude Code's do not."""
-    return isinstance(event.get("turn_id"), str)
+QUESTION_TOOL = "request_user_input"  # Codex's question tool (Plan mode)
 
 
 def approval_question(event: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -82,18 +82,68 @@ def approval_output(
     return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
 
 
+def handle(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
+    """A Codex hook event that goes to the phone (hook.py sends PermissionRequest and PreToolUse here)."""
+    name = event.get("hook_event_name")
+    if name == "PermissionRequest":
+        return permission_request(event, daemon, window=window)
+    if name == "PreToolUse" and event.get("tool_name") == QUESTION_TOOL:
+        return user_input_request(event, daemon, window=window)
+    return None
+
+
 def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
     """Ask the phone and wait up to ``window`` seconds for Allow or Deny."""
     question = approval_question(event)
     if question is None:
         return None
+    # Codex gives approval requests no id of their own
+    answered = ask_and_wait(event, daemon, tool_use_id="", tool_input=question, window=window)
+    return approval_output(question, *answered) if answered else None
+
+
+def user_input_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
+    """Codex's own question tool: the phone's answer goes back as a PreToolUse deny whose reason the
+    model reads (Codex takes ``allow`` only with ``updatedInput``, which cannot carry answers)."""
+    from clients.bridge.hook import pre_tool_use_output
+
+    question = user_input_questions(event.get("tool_input"))
+    if question is None:
+        return None
+    tool_use_id = event.get("tool_use_id") if isinstance(event.get("tool_use_id"), str) else ""
+    answered = ask_and_wait(event, daemon, tool_use_id=tool_use_id, tool_input=question, window=window)
+    return pre_tool_use_output(question, *answered, style="deny") if answered else None
+
+
+def user_input_questions(tool_input: Any) -> Optional[Dict[str, Any]]:
+    """``request_user_input``'s input ({questions: [{id, header, question, options}]}) as AskUserQuestion's."""
+    if not isinstance(tool_input, dict) or not isinstance(tool_input.get("questions"), list):
+        return None
+    questions = []
+    for item in tool_input["questions"]:
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
+            return None
+        options = [
+            {"label": str(o.get("label") or ""), "description": str(o.get("description") or "")}
+            for o in item.get("options") or []
+            if isinstance(o, dict) and o.get("label")
+        ]
+        questions.append({"question": item["question"], "header": str(item.get("header") or "Codex")[:100],
+                          "options": options, "multiSelect": False})
+    return {"questions": questions} if questions else None
+
+
+def ask_and_wait(
+    event: Dict[str, Any], daemon: Daemon, *, tool_use_id: str, tool_input: Dict[str, Any], window: float
+) -> Optional[tuple]:
+    """Put ``tool_input`` (AskUserQuestion's shape) to the phone; (answers, other) or None (no answer)."""
     deadline = time.monotonic() + window
     asked = daemon.post(
         "pre-tool-use",
         {
             "session_id": event["session_id"],
-            "tool_use_id": "",  # Codex gives approval requests no id of their own
-            "tool_input": question,
+            "tool_use_id": tool_use_id,
+            "tool_input": tool_input,
             "cwd": event.get("cwd") or "",
             "window_sec": window,
         },
@@ -119,6 +169,6 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
             return None
         state = result.get("state")
         if state == "answered":
-            return approval_output(question, result.get("answers") or {}, result.get("other"))
+            return result.get("answers") or {}, result.get("other")
         if state != "pending" or remaining <= 0:
             return None

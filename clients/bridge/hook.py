@@ -280,10 +280,10 @@ def handle(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) 
     session_id = event.get("session_id")
     if not isinstance(session_id, str) or not session_id:
         return None
-    if name == "PermissionRequest" and isinstance(event.get("turn_id"), str):  # Codex CLI (codex_hook.py)
-        from clients.bridge.codex_hook import permission_request
+    if name in ("PermissionRequest", "PreToolUse") and isinstance(event.get("turn_id"), str):  # Codex CLI
+        from clients.bridge.codex_hook import handle as codex_handle  # only Codex's payloads carry turn_id
 
-        return permission_request(event, daemon, window=window)
+        return codex_handle(event, daemon, window=window)
     routed = name in ("PermissionRequest", "PreToolUse") and event.get("tool_name") != ASK_TOOL
     if routed and "turn_id" not in event:  # Claude Code's; Codex's output contract differs
         from clients.bridge import permission_hook  # tool approval from the phone (routed tools only)

@@ -1,8 +1,9 @@
 """Proof against the real agent host: the real OpenAI Codex CLI (pinned below) runs offline against a
 scripted fake of the Responses API (fake_openai.py) with the hooks that `hooks install --agent codex`
-wrote and trusted. The fake model asks for two commands that need approval; each approval reaches the
-phone (an HTTP client on a real daphne) as a question; the phone denies the first with a note and allows
-the second. The denied command never runs and the model reads the phone's note; the allowed one runs.
+wrote and trusted. The fake model first asks a question with Codex's own tool (request_user_input):
+it reaches the phone (an HTTP client on a real daphne) and the model reads the phone's answer. Then it
+asks for two commands that need approval; the phone denies the first with a note and allows the second.
+The denied command never runs and the model reads the phone's note; the allowed one runs.
 
 `codex exec` never asks for approval (its policy is "never") unless it runs with ``--approve-for-me``:
 then the PermissionRequest hook is consulted first, and only a request the hook leaves undecided goes
@@ -62,12 +63,16 @@ def _version(path: Path) -> str:
     return out.split()[-1] if out.split() else ""  # "codex-cli 0.171.0"
 
 
+CODEX_QUESTION = {"id": "framework", "header": "Framework", "question": "Which framework?",
+                  "options": [{"label": "Vue", "description": "progressive"}, {"label": "React", "description": "popular"}]}
+
+
 def provider_config(base_url: str) -> str:
     return (f'model = "gpt-fake"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
             f'base_url = "{base_url}"\nwire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n')
 
 
-def test_the_real_codex_cli_asks_the_phone_for_approval(world, tmp_path):  # noqa: F811
+def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tmp_path):  # noqa: F811
     binary = codex_bin()
     server, desk, session = world
     codex_home = tmp_path / "codex"
@@ -76,6 +81,7 @@ def test_the_real_codex_cli_asks_the_phone_for_approval(world, tmp_path):  # noq
     work.mkdir()
     denied_file, allowed_file = work / "DENIED_RAN", work / "ALLOWED_RAN"
     steps = [
+        call("request_user_input", {"questions": [CODEX_QUESTION]}, "call_question"),
         call("exec_command", {"cmd": f"touch {denied_file}", "sandbox_permissions": "require_escalated",
                               "justification": "create the first marker"}, "call_denied"),
         call("exec_command", {"cmd": f"touch {allowed_file}", "sandbox_permissions": "require_escalated",
@@ -93,13 +99,20 @@ def test_the_real_codex_cli_asks_the_phone_for_approval(world, tmp_path):  # noq
             subprocess.run, [binary, "exec", "--skip-git-repo-check", "--approve-for-me", "Make the two markers"],
             cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
 
-        [first] = pending(session)
+        [asked] = pending(session)
+        assert asked["questions"] == [{"question": "Which framework?", "header": "Framework", "multiSelect": False,
+                                       "options": CODEX_QUESTION["options"]}]
+        assert answer(session, asked, {"Which framework?": ["Vue"]}).status_code == 200
+        [first] = wait_until(
+            lambda: [q for q in session.get("/api/mobile/pending").json()["questions"]
+                     if q["question_id"] != asked["question_id"]],
+            timeout=60, interval=0.2, message="the first approval on the phone")
         text = first["questions"][0]["question"]
         assert text == f"Codex asks to run:\ntouch {denied_file}\nWhy: create the first marker"
         assert answer(session, first, {text: ["Deny"]}, {text: "not in this folder"}).status_code == 200
         [second] = wait_until(
             lambda: [q for q in session.get("/api/mobile/pending").json()["questions"]
-                     if q["question_id"] != first["question_id"]],
+                     if q["question_id"] not in (asked["question_id"], first["question_id"])],
             timeout=60, interval=0.2, message="the second approval on the phone")
         text = second["questions"][0]["question"]
         assert text.startswith(f"Codex asks to run:\ntouch {allowed_file}\n")
@@ -110,6 +123,8 @@ def test_the_real_codex_cli_asks_the_phone_for_approval(world, tmp_path):  # noq
     assert "FINAL_TEXT_FROM_FAKE_MODEL" in result.stdout
     assert not denied_file.exists() and allowed_file.exists()
     outputs = model.tool_outputs()
+    assert ('The user answered on their phone (this is their answer, not a refusal): "Which framework?"="Vue"'
+            in outputs["call_question"]), outputs
     assert "The user denied this on their phone. Their note: not in this folder" in outputs["call_denied"], outputs
     assert "denied" not in outputs["call_allowed"].lower(), outputs
     assert "PermissionRequest Blocked" in result.stderr and "hook: Stop" in result.stderr
@@ -122,4 +137,4 @@ def test_the_real_codex_cli_asks_the_phone_for_approval(world, tmp_path):  # noq
     log = desk.process.log()
     for route in ("session-start", "user-prompt-submit", "pre-tool-use", "questions/wait", "stop"):
         assert f'"POST /v1/{route} HTTP/1.1" 200' in log, route
-    assert desk.audit().count("question.take") == 2
+    assert desk.audit().count("question.take") == 3
