@@ -43,6 +43,7 @@ CLOSE_UNAUTHORIZED = 4401  # unknown or missing token: final, do not retry
 CLOSE_REVOKED = 4403  # the device was revoked (or an ephemeral token died): final
 CLOSE_HEARTBEAT_TIMEOUT = 4408  # the peer was silent too long
 CLOSE_REPLACED = 4409  # a newer connection of the same device took over
+CLOSE_RATE_LIMITED = 4429  # too many invalid tokens from this address: retry later (backoff)
 FINAL_CLOSE_CODES = frozenset({CLOSE_UNAUTHORIZED, CLOSE_REVOKED})
 
 CLOSE_REASONS = {
@@ -51,6 +52,7 @@ CLOSE_REASONS = {
     CLOSE_REVOKED: "this device was revoked by its owner; pair it again to reconnect",
     CLOSE_HEARTBEAT_TIMEOUT: "no heartbeat",
     CLOSE_REPLACED: "replaced by a newer connection of the same device",
+    CLOSE_RATE_LIMITED: "too many invalid device tokens from this address; try again later",
 }
 
 # --- JSON-RPC error codes --------------------------------------------------------------------

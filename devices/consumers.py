@@ -2,8 +2,9 @@
 
 Tunnel, per connection:
 - authenticates by ``Authorization: Bearer <token>`` (accepted first, then closed 4401/4403 so the
-  client can read the code), waits for ``hello``, becomes the device's live connection (an older one
-  is closed with 4409), joins ``device_group(device_id)``;
+  client can read the code; 4429 while its address sent too many unknown tokens), waits for
+  ``hello``, becomes the device's live connection (an older one is closed with 4409), joins
+  ``device_group(device_id)``;
 - delivers the durable outbox in seq order with at most ``WINDOW`` unacked items in flight. Items
   enqueued in this process are handed over after commit as ready frames (``devices.live``: no layer
   message, no read back); otherwise it reads the database on hello (when the device is behind), on
@@ -48,7 +49,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 from django.conf import settings
 from django.utils import timezone
 
-from ai1net.exceptions import ApplicationError
+from ai1net.exceptions import ApplicationError, RateLimited
 from clients import limits, protocol
 from devices import events, live, rpc, selectors, services, signals
 from devices.access import socket_otp_satisfied
@@ -262,7 +263,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         # Before the hello makes this connection the device's live one: an item enqueued in this
         # process from then on is handed straight to it (devices.live).
         live.add(self.channel_name, self)
-        device = await _db(selectors.device_by_token)(raw_token=_bearer(self.scope))
+        try:
+            device = await _db(services.device_authenticate)(raw_token=_bearer(self.scope),
+                                                             ip=(self.scope.get("client") or [None])[0])
+        except RateLimited:
+            await self._close(protocol.CLOSE_RATE_LIMITED)
+            return
         if device is None:
             await self._close(protocol.CLOSE_UNAUTHORIZED)
             return

@@ -10,7 +10,8 @@ a newer pull replaces the held one, which returns 409 ``replaced``.
 through ``devices.rpc.dispatch`` (idempotent by id, as on the tunnel) and answers
 ``{"id", "result"}`` or ``{"id", "error": {code, message, data?}}`` with 200.
 
-Both take ``Authorization: Bearer <device token>``: unknown -> 401 ``unauthorized``, revoked -> 403
+Both take ``Authorization: Bearer <device token>``: unknown -> 401 ``unauthorized`` (counted per address:
+429 ``rate_limited`` with ``Retry-After`` once too many), revoked -> 403
 ``revoked`` (both final for the client). A device in long-poll mode is online while its polls keep
 coming; platform -> device requests with a reply (``device_call``, device web) need the WebSocket.
 The pull re-reads the outbox every ``DEVICE_LONGPOLL_TICK_SEC`` (the doorbell is not used here).
@@ -30,7 +31,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from ai1net.exceptions import ApplicationError
+from ai1net.exceptions import ApplicationError, RateLimited, retry_after_header
 from clients import limits, protocol
 from devices import rpc, selectors, services, signals
 from devices.models import LONGPOLL_PREFIX, Device
@@ -70,7 +71,14 @@ def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
 
 
 async def _device(request: HttpRequest) -> Device | JsonResponse:
-    device = await database_sync_to_async(selectors.device_by_token)(raw_token=_bearer(request))
+    try:
+        device = await database_sync_to_async(services.device_authenticate)(
+            raw_token=_bearer(request), ip=request.META.get("REMOTE_ADDR"))
+    except RateLimited as exc:
+        response = JsonResponse(exc.as_dict(), status=exc.status)
+        for name, value in retry_after_header(exc).items():
+            response[name] = value
+        return response
     if device is None:
         return _error(401, "unauthorized", protocol.CLOSE_REASONS[protocol.CLOSE_UNAUTHORIZED])
     if device.status != Device.Status.ACTIVE:
