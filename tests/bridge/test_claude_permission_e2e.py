@@ -1,8 +1,9 @@
 """Proof against the real agent host for tool approval from the phone: the real Claude Code CLI (2.1.197)
 runs offline through the shared harness with the hooks `hooks install --approve` wrote; its scripted fake
-model runs two Bash commands; each reaches the phone (an HTTP client on a real daphne) as a permission
-request; the phone allows the first (it runs: the model receives its output) and denies the second with
-a reason (it does not run: its marker file never appears, and the model receives the reason).
+model runs three Bash calls; the phone (an HTTP client on a real daphne) gets the first as a permission
+request and allows it "and remember for this session" (it runs: the model receives its output); the
+second, the very same call, runs without asking the phone; the third reaches the phone and is denied
+with a reason (it does not run: its marker file never appears, and the model receives the reason).
 
 - print mode (`claude -p`), `--approve Bash`: the PreToolUse path (PermissionRequest does not fire in -p);
 - interactive mode (tmux), `--approve asked`: the PermissionRequest path.
@@ -32,6 +33,7 @@ DENIED = {"command": "touch denied-marker", "description": "mark again"}
 SCRIPT = {
     "steps": [
         {"content": [{"type": "tool_use", "name": "Bash", "input": ALLOWED}]},
+        {"content": [{"type": "tool_use", "name": "Bash", "input": ALLOWED}]},  # remembered: not asked again
         {"content": [{"type": "tool_use", "name": "Bash", "input": DENIED}]},
         {"content": [{"type": "text", "text": "Done. FINAL_TEXT_FROM_FAKE_MODEL"}]},
     ],
@@ -74,8 +76,8 @@ def test_the_real_claude_code_runs_what_the_phone_allows_not_what_it_denies(worl
     assert (first["kind"], first["tool_name"]) == ("permission", "Bash")
     assert first["input_hash"] == permission.input_hash(ALLOWED)
     assert first["rendering"]["text"] == "# mark\n" + ALLOWED["command"]
-    assert decide(session, first, permission.ALLOW).status_code == 200
-    [second] = pending(session)
+    assert decide(session, first, permission.ALLOW_SESSION).status_code == 200
+    [second] = pending(session)  # the repeated call was allowed by the bridge: the next one here is DENIED
     assert second["input_hash"] == permission.input_hash(DENIED)
     assert decide(session, second, permission.DENY, "use the Makefile").status_code == 200
     result = claude.result(260)
@@ -83,14 +85,15 @@ def test_the_real_claude_code_runs_what_the_phone_allows_not_what_it_denies(worl
 
     tool_results = [json.loads(line) for line in (run_dir / "api" / "tool_results.jsonl").read_text().splitlines()]
     received = json.dumps(tool_results)
-    assert "hi-from-bash" in received, received
+    assert received.count("hi-from-bash") == 2, received
     assert "The user denied this tool call from their phone: use the Makefile" in received, received
     assert (run_dir / "work" / "allowed-marker").exists()
     assert not (run_dir / "work" / "denied-marker").exists()
     assert desk.audit().count("permission.take") == 2
+    assert desk.audit().count("permission.remembered") == 1
     assert '"POST /v1/permission-request HTTP/1.1" 200' in desk.process.log()
     decisions = [e.data.get("decision") for e in AuditEntry.objects.filter(action="mobile.answer").order_by("pk")]
-    assert decisions == ["allow", "deny"]
+    assert decisions == ["allow_session", "deny"]
     asked = [json.loads(line) for line in (desk.home / "audit.jsonl").read_text().splitlines()
              if '"permission.ask"' in line]
     assert [entry.get("hook_event") for entry in asked] == [event, event]
