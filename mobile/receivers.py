@@ -21,5 +21,4 @@ def on_switch_changed(sender: Any, user: Any, switch: str, enabled: bool, **kwar
 @receiver(device_connected, dispatch_uid="mobile.device_connected")
 def on_device_connected(sender: Any, device: Device, **kwargs: Any) -> None:
     if device.kind == Device.Kind.BRIDGE:
-        services.switch_broadcast(user=device.owner, devices=[device])
-        services.messages_release_due(device=device)
+        services.bridge_connected(device=device)

@@ -32,12 +32,12 @@ from ai1net.exceptions import (
 )
 from ai1net.limits import enforce, enforce_questions
 from clients.limits import LIMITS
-from devices.models import Device, OutboxItem
+from devices.models import Device
 from devices.services import outbox_enqueue
 from im import services as im_services
 from im.models import Message, Room
 from mobile import events, pacing, selectors
-from mobile.models import AgentSession, Answer, PhoneMessage, Question
+from mobile.models import AgentSession, Answer, BridgeSwitchSent, PhoneMessage, Question
 
 # The hook gives up after window_sec; the question stays answerable a moment longer so an answer
 # sent at the last second is not refused while the hook is still reading its queue.
@@ -624,10 +624,45 @@ def keep_going_set(*, actor: Any, session_id: str, enabled: bool, ip: str | None
 # --- the switch --------------------------------------------------------------------------------
 
 
-def _last_switch_sent(device: Device) -> bool | None:
-    last = OutboxItem.objects.filter(device=device, kind=OUTBOX_SWITCH).order_by("-seq").values_list(
-        "payload", flat=True).first()
-    return last.get("enabled") if isinstance(last, dict) else None
+_CONNECT_STATE_SQL: dict[str, str] = {}
+
+
+def _bridge_connect_state(device: Device) -> tuple[bool | None, bool]:
+    """(the switch value last queued for this bridge or None, whether an open session of it has phone
+    messages waiting): one statement, its SQL written once. Thousands of bridges reconnect after a restart
+    and nearly all of them need neither; building the two queries with the ORM cost more than running them."""
+    conn = transaction.get_connection()
+    sql = _CONNECT_STATE_SQL.get(conn.vendor)
+    if sql is None:
+        quote = conn.ops.quote_name
+        switch, session, message = BridgeSwitchSent._meta, AgentSession._meta, PhoneMessage._meta
+
+        def column(meta: Any, name: str) -> str:
+            return quote(meta.get_field(name).column)
+
+        # Table and column names from the models' _meta; values as parameters.
+        sql = _CONNECT_STATE_SQL[conn.vendor] = (
+            f"SELECT (SELECT {column(switch, 'enabled')} FROM {quote(switch.db_table)}"  # noqa: S608
+            f" WHERE {column(switch, 'device')} = %s),"
+            f" EXISTS (SELECT 1 FROM {quote(session.db_table)} s INNER JOIN {quote(message.db_table)} m"
+            f" ON m.{column(message, 'session')} = s.{column(session, 'id')}"
+            f" WHERE s.{column(session, 'device')} = %s AND s.{column(session, 'state')} = %s"
+            f" AND m.{column(message, 'state')} = %s)")
+    device_id = Device._meta.pk.get_db_prep_value(device.pk, conn)  # a UUID, as the backend stores it
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [device_id, device_id, AgentSession.State.OPEN.value, PhoneMessage.State.WAITING.value])
+        sent, waiting = cursor.fetchone()
+    return (None if sent is None else bool(sent)), bool(waiting)
+
+
+def bridge_connected(*, device: Device) -> None:
+    """A bridge (re)connected: tell it the switch if it does not hold the current value, and release the
+    phone messages that waited for it. Usually neither: one read."""
+    sent, waiting = _bridge_connect_state(device)
+    if sent is None or sent != mobile_reply_active(device.owner):
+        switch_broadcast(user=device.owner, devices=[device])
+    if waiting:
+        messages_release_due(device=device)
 
 
 def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
@@ -638,13 +673,16 @@ def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
         Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE))
     if devices is not None:
         # Reconnecting bridges already hold this value (their outbox is durable): nothing changed, so
-        # no write and no event (one read per connect; thousands of bridges reconnect after a restart).
-        bridges = [device for device in bridges if _last_switch_sent(device) != enabled]
+        # no write and no event.
+        held = dict(BridgeSwitchSent.objects.filter(device__in=bridges).values_list("device_id", "enabled"))
+        bridges = [device for device in bridges if held.get(device.pk) != enabled]
         if not bridges:
             return enabled
     with transaction.atomic():
         for device in bridges:
             outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
+        BridgeSwitchSent.objects.bulk_create([BridgeSwitchSent(device=device, enabled=enabled) for device in bridges],
+                                             update_conflicts=True, unique_fields=["device"], update_fields=["enabled"])
         if not enabled and devices is None:
             waiting = list(Question.objects.select_related("session", "device").filter(
                 device__owner=user, state=Question.State.PENDING))

@@ -226,6 +226,14 @@ def test_a_reconnecting_bridge_is_not_told_twice(bridge, mobile_user):
     assert [item.payload for item in outbox(bridge, "mobile.switch")] == [{"enabled": True}, {"enabled": False}]
 
 
+def test_a_reconnect_that_changes_nothing_is_one_read(bridge, mobile_user, django_assert_num_queries):
+    device_connected.send(sender=type(bridge), device=bridge, hello={})
+    # The bridge holds the switch and nothing waits for it: one statement, however long its outbox.
+    with django_assert_num_queries(1):
+        device_connected.send(sender=type(bridge), device=bridge, hello={})
+    assert [item.payload for item in outbox(bridge, "mobile.switch")] == [{"enabled": True}]
+
+
 def test_an_unverified_two_factor_session_is_sent_to_verify(phone, bridge, mobile_user):
     from django_otp.plugins.otp_totp.models import TOTPDevice
 
