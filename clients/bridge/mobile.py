@@ -159,6 +159,7 @@ class MobileBridge:
             "session-start": self._session_start,
             "pre-tool-use": self._ask,
             "permission-request": self._ask_permission,
+            "permission/desktop": self._desktop_decided,
             "questions/wait": self._wait_question,
             "questions/give-up": self._give_up_route,
             "post-tool-use": self._desktop_answer,
@@ -364,6 +365,8 @@ class MobileBridge:
                     return {"state": "unknown"}
                 if question["state"] == "answered":
                     return self._take(question)
+                if question["state"] == "taken":
+                    return self._take_again(question)
                 if question["state"] not in OPEN_STATES:
                     return {"state": question["state"], "reason": question["reason"]}
                 remaining = deadline - time.monotonic()
@@ -384,6 +387,19 @@ class MobileBridge:
         if not self.store.question_transition(question_id, ("answered",), "taken"):
             return {"state": "gone"}
         self._last_poll.pop(question_id, None)
+        return {"state": "answered", "answers": question["answers"] or {}, "other": question["other"] or {}}
+
+    def _take_again(self, question: Dict[str, Any]) -> Dict[str, Any]:
+        """The hook asks again for a question it took: the daemon that answered it died before the reply
+        left (the take is on disk, the hook never saw it). Only that hook knows the question id, and it
+        prints once, so handing the stored answer again is what makes it reach the agent exactly once."""
+        if question.get("kind") == "permission":
+            request = question["tool_input"]
+            decision = permission.decision_of(request["tool_name"], question["answers"] or {})
+            reason = permission.deny_reason(request["tool_name"], question["other"]) if decision == "deny" else ""
+            self.audit.write("permission.take_again", question_id=question["question_id"], decision=decision)
+            return {"state": "answered", "decision": decision, "input_hash": request["input_hash"], "reason": reason}
+        self.audit.write("question.take_again", question_id=question["question_id"])
         return {"state": "answered", "answers": question["answers"] or {}, "other": question["other"] or {}}
 
     def _take_decision(self, question: Dict[str, Any]) -> Dict[str, Any]:
@@ -410,6 +426,8 @@ class MobileBridge:
             return {"state": "unknown"}
         if question["state"] == "answered":
             return self._take(question)  # the answer came in just in time
+        if question["state"] == "taken":
+            return self._take_again(question)
         if question["state"] in OPEN_STATES:
             self._move(question_id, reason)
             return {"state": "moved", "reason": reason}
@@ -424,6 +442,25 @@ class MobileBridge:
             self._last_poll.pop(question_id, None)
             self._wake()
         return moved
+
+    async def _desktop_decided(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        """The person at the desk answered Claude Code's own dialog first (the hook saw it in the
+        transcript): the request leaves the phone as "answered on the desktop"; a phone answer that
+        arrives later is refused by the platform, and one that arrived meanwhile is never taken."""
+        question_id = _text(body, "question_id")
+        decided = body.get("decided") if body.get("decided") in ("allow", "deny") else ""
+        question = self.store.question(question_id)
+        if question is None or question.get("kind") != "permission":
+            return {"state": "unknown"}
+        self.audit.write("permission.desktop", question_id=question_id, session_id=question["session_id"],
+                         decided=decided, state=question["state"])
+        if not self.store.question_transition(question_id, OPEN_STATES, "desktop", "answered_on_desktop"):
+            return {"state": question["state"]}
+        self._last_poll.pop(question_id, None)
+        self._wake()
+        self._report("mobile.desktop_answer", {"session_id": question["session_id"], "question_id": question_id,
+                                               "tool_use_id": question["tool_use_id"], "answers": {}})
+        return {"state": "desktop"}
 
     async def _desktop_answer(self, body: Dict[str, Any]) -> Dict[str, Any]:
         session_id = _text(body, "session_id")

@@ -52,9 +52,10 @@ async def test_the_request_goes_out_bound_to_the_input_hash_and_its_decision_is_
     taken = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 2})
     assert taken == {"state": "answered", "decision": "deny", "input_hash": permission.input_hash(BASH),
                      "reason": "The user denied this tool call from their phone: not now"}
+    # Asked again (the reply died with a killed daemon): the same decision, audited, still taken once.
     again = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 0})
-    assert again["state"] == "taken"
-    assert events(bridge) == ["permission.ask", "answer.apply", "permission.take"]
+    assert again == taken
+    assert events(bridge) == ["permission.ask", "answer.apply", "permission.take", "permission.take_again"]
 
 
 async def test_a_decision_for_another_input_is_never_applied(bridge):
@@ -244,3 +245,77 @@ def test_hooks_install_approve_routes_the_tools_and_rollback_removes_exactly_tha
         with pytest.raises(HooksInstallError):
             parse_approve(bad)
     assert parse_approve(None) is None
+
+
+# --- desk versus phone ---------------------------------------------------------------------------------
+
+
+def _line(role, block):
+    import json
+
+    return json.dumps({"type": role, "message": {"role": role, "content": [block]}}) + "\n"
+
+
+def test_desk_watch_sees_the_desks_answer_in_the_transcript_and_nothing_older(tmp_path):
+    transcript = tmp_path / "t.jsonl"
+    old = {"type": "tool_use", "id": "toolu_old", "name": "Bash", "input": BASH}
+    transcript.write_text(_line("assistant", old) + _line("user", {"type": "tool_result", "tool_use_id": "toolu_old",
+                                                                    "content": "x", "is_error": False})
+                          + _line("assistant", dict(old, id="toolu_now")))
+    watch = permission_hook.DeskWatch(str(transcript), "Bash", permission.input_hash(BASH))
+    assert watch.usable and watch.answered() == ""  # the same call settled earlier is not this one
+    other = permission_hook.DeskWatch(str(transcript), "Bash", permission.input_hash({"command": "rm"}))
+    with transcript.open("a") as handle:
+        handle.write('{"partial": ')  # a line still being written
+    assert watch.answered() == ""
+    with transcript.open("a") as handle:
+        handle.write("\n" + _line("user", {"type": "tool_result", "tool_use_id": "toolu_now",
+                                           "content": "The user doesn't want to proceed", "is_error": True}))
+    assert watch.answered() == "deny" and other.answered() == ""
+    assert permission_hook.DeskWatch(None, "Bash", "h").answered() == ""
+
+
+async def test_the_desks_answer_takes_the_request_off_the_phone_and_a_phone_answer_is_never_taken(bridge):
+    asked = await bridge.dispatch("permission-request", body())
+    done = await bridge.dispatch("permission/desktop", {"question_id": asked["question_id"], "decided": "allow"})
+    assert done == {"state": "desktop"}
+    [report] = await _reports(bridge, "mobile.desktop_answer")
+    assert report == {"session_id": "s1", "question_id": asked["question_id"], "tool_use_id": "toolu_7",
+                      "answers": {}}
+    await bridge.on_answer(delivered(asked["question_id"], permission.ALLOW))
+    result = await bridge.dispatch("questions/wait", {"question_id": asked["question_id"], "timeout": 0})
+    assert result == {"state": "desktop", "reason": "answered_on_desktop"}
+    assert "permission.take" not in events(bridge)
+
+
+def test_the_hook_reports_the_desks_answer_and_prints_nothing(tmp_path):
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text(_line("assistant", {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": BASH}))
+    daemon = ScriptedDaemon({"permission-request": {"question_id": "q1"}, "permission/desktop": {"state": "desktop"}})
+
+    def wait(route, body, timeout, deadline):
+        daemon.calls.append((route, body))
+        if route == "questions/wait":
+            with transcript.open("a") as handle:  # the desk answers while the hook waits
+                handle.write(_line("user", {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}))
+            return {"state": "pending"}
+        return daemon.answers[route]
+
+    daemon.post_retrying = wait
+    assert permission_hook.permission_request(dict(event("PermissionRequest"), transcript_path=str(transcript)),
+                                              daemon, window=30) is None
+    assert [route for route, _ in daemon.calls] == ["permission-request", "questions/wait", "permission/desktop"]
+    assert daemon.calls[1][1]["timeout"] == permission_hook.DESK_POLL_SEC
+    assert daemon.calls[2][1] == {"question_id": "q1", "decided": "allow"}
+
+
+async def _reports(bridge, method):
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if bridge.tunnel.params(method) and not bridge.store.reports_pending():
+            return bridge.tunnel.params(method)
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{method} not reported: {bridge.tunnel.calls}")
