@@ -2,13 +2,14 @@
 
 * ``PermissionRequest``: Codex asks for approval when a command needs more than its sandbox allows
   (tool ``Bash``; ``NetworkAccess`` for network); the hook runs before Codex's own prompt (or, under
-  ``codex exec --approve-for-me``, before its automatic reviewer). It goes to the phone through the
-  ordinary question path (the daemon's ``pre-tool-use`` and ``questions/wait`` routes: one question,
-  options Allow and Deny) and is answered with Codex's documented output,
-  ``hookSpecificOutput.decision.behavior`` allow or deny (with a ``message`` the model reads).
+  ``codex exec --approve-for-me``, before its automatic reviewer). Its payload and its output
+  (``hookSpecificOutput.decision.behavior`` allow, or deny with a ``message`` the model reads) are Claude
+  Code's, so it takes the same tool-permission path (``permission_hook.py``: the phone shows the command,
+  the decision is bound to the input's hash, "remember for this session" is kept by the bridge, so Codex
+  only ever gets a plain allow; it rejects ``updatedPermissions``).
 * ``PreToolUse`` of ``request_user_input`` (Codex's question tool, offered in Plan mode): its questions
-  go to the phone as they are; the answer goes back as a deny whose reason carries it (Claude Code's
-  ``--answer-style deny``), since Codex takes ``allow`` only with ``updatedInput``.
+  go to the phone through the question path; the answer goes back as a deny whose reason carries it
+  (Claude Code's ``--answer-style deny``), since Codex takes ``allow`` only with ``updatedInput``.
 
 No answer in the window, phone reply off or the daemon down: no output, and Codex asks at the desk as
 usual. Loaded by ``hook.py`` only for these events of Codex, so it keeps to the same few imports.
@@ -24,62 +25,8 @@ if TYPE_CHECKING:  # annotations only (typing costs the hook start-up time)
 
     from clients.bridge.hook import Daemon
 
-ALLOW = "Allow"
-DENY = "Deny"
-HEADER = "Codex approval"
-MAX_SHOWN_CHARS = 1500  # a question's text is at most 2000 characters (clients/limits.py)
-DENY_MESSAGE = "The user denied this on their phone."
 LONG_POLL_SEC = 25.0
 QUESTION_TOOL = "request_user_input"  # Codex's question tool (Plan mode)
-
-
-def approval_question(event: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The phone's question for one approval request, as AskUserQuestion input (what the path carries)."""
-    tool_input = event.get("tool_input")
-    if not isinstance(tool_input, dict):
-        return None
-    command = tool_input.get("command")
-    if not isinstance(command, str) or not command.strip():
-        return None
-    shown = command if len(command) <= MAX_SHOWN_CHARS else command[:MAX_SHOWN_CHARS] + "…"
-    what = "access the network for" if event.get("tool_name") == "NetworkAccess" else "run"
-    text = f"Codex asks to {what}:\n{shown}"
-    description = tool_input.get("description")
-    if isinstance(description, str) and description.strip():
-        text += f"\nWhy: {description.strip()[:300]}"
-    return {
-        "questions": [
-            {
-                "question": text,
-                "header": HEADER,
-                "options": [
-                    {"label": ALLOW, "description": "let Codex do it this once"},
-                    {"label": DENY, "description": "refuse; Codex is told (add a note for it below)"},
-                ],
-                "multiSelect": False,
-            }
-        ]
-    }
-
-
-def approval_output(
-    question: Dict[str, Any], answers: Dict[str, Any], other: Optional[Dict[str, Any]]
-) -> Optional[Dict[str, Any]]:
-    """Codex's PermissionRequest output for the phone's answer (None: no clear answer, Codex asks)."""
-    text = question["questions"][0]["question"]
-    chosen = answers.get(text) or []
-    if isinstance(chosen, str):
-        chosen = [chosen]
-    note = (other or {}).get(text)
-    note = note.strip() if isinstance(note, str) else ""
-    if chosen == [ALLOW]:
-        decision: Dict[str, Any] = {"behavior": "allow"}
-    elif chosen == [DENY] or (not chosen and note):
-        # A note with no button is a refusal with a reason: the model reads it and can change course.
-        decision = {"behavior": "deny", "message": f"{DENY_MESSAGE} Their note: {note}" if note else DENY_MESSAGE}
-    else:
-        return None
-    return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
 
 
 def handle(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
@@ -93,13 +40,10 @@ def handle(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[
 
 
 def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
-    """Ask the phone and wait up to ``window`` seconds for Allow or Deny."""
-    question = approval_question(event)
-    if question is None:
-        return None
-    # Codex gives approval requests no id of their own
-    answered = ask_and_wait(event, daemon, tool_use_id="", tool_input=question, window=window)
-    return approval_output(question, *answered) if answered else None
+    """The tool-permission path, as for Claude Code (its PermissionRequest output is Codex's too)."""
+    from clients.bridge import permission_hook
+
+    return permission_hook.permission_request(event, daemon, window=window)
 
 
 def user_input_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:

@@ -2,8 +2,9 @@
 scripted fake of the Responses API (fake_openai.py) with the hooks that `hooks install --agent codex`
 wrote and trusted. The fake model first asks a question with Codex's own tool (request_user_input):
 it reaches the phone (an HTTP client on a real daphne) and the model reads the phone's answer. Then it
-asks for two commands that need approval; the phone denies the first with a note and allows the second.
-The denied command never runs and the model reads the phone's note; the allowed one runs.
+asks for commands that need approval, which reach the phone as tool-permission requests (the Claude
+Code path): the phone denies the first with a note (it never runs; the model reads the note), allows the
+second "and remember for this session" (it runs), and the very same call again runs without the phone.
 
 `codex exec` never asks for approval (its policy is "never") unless it runs with ``--approve-for-me``:
 then the PermissionRequest hook is consulted first, and only a request the hook leaves undecided goes
@@ -23,11 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from clients import permission
 from im.models import Message
 from mobile.models import AgentSession
 from tests.e2e_support import ROOT, wait_until
 
 from .fake_openai import FakeResponsesApi, call, say
+from .test_claude_permission_e2e import decide
 from .test_mobile_e2e import answer, pending, world  # noqa: F401 - world is a fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.codex, pytest.mark.django_db(transaction=True)]
@@ -80,12 +83,14 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
     codex_home.mkdir()
     work.mkdir()
     denied_file, allowed_file = work / "DENIED_RAN", work / "ALLOWED_RAN"
+    allowed_call = {"cmd": f"echo ran >> {allowed_file}", "sandbox_permissions": "require_escalated",
+                    "justification": "add to the second marker"}
     steps = [
         call("request_user_input", {"questions": [CODEX_QUESTION]}, "call_question"),
         call("exec_command", {"cmd": f"touch {denied_file}", "sandbox_permissions": "require_escalated",
                               "justification": "create the first marker"}, "call_denied"),
-        call("exec_command", {"cmd": f"touch {allowed_file}", "sandbox_permissions": "require_escalated",
-                              "justification": "create the second marker"}, "call_allowed"),
+        call("exec_command", allowed_call, "call_allowed"),
+        call("exec_command", allowed_call, "call_again"),  # the very same call: remembered, not asked again
         say("Both asked. FINAL_TEXT_FROM_FAKE_MODEL"),
     ]
     env = {**os.environ, "CODEX_HOME": str(codex_home), "HOME": str(tmp_path)}
@@ -107,26 +112,27 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
             lambda: [q for q in session.get("/api/mobile/pending").json()["questions"]
                      if q["question_id"] != asked["question_id"]],
             timeout=60, interval=0.2, message="the first approval on the phone")
-        text = first["questions"][0]["question"]
-        assert text == f"Codex asks to run:\ntouch {denied_file}\nWhy: create the first marker"
-        assert answer(session, first, {text: ["Deny"]}, {text: "not in this folder"}).status_code == 200
+        denied_input = {"command": f"touch {denied_file}", "description": "create the first marker"}
+        assert (first["kind"], first["tool_name"]) == ("permission", "Bash")
+        assert first["input_hash"] == permission.input_hash(denied_input)
+        assert first["rendering"]["text"] == f"# create the first marker\ntouch {denied_file}"
+        assert decide(session, first, permission.DENY, "not in this folder").status_code == 200
         [second] = wait_until(
             lambda: [q for q in session.get("/api/mobile/pending").json()["questions"]
                      if q["question_id"] not in (asked["question_id"], first["question_id"])],
             timeout=60, interval=0.2, message="the second approval on the phone")
-        text = second["questions"][0]["question"]
-        assert text.startswith(f"Codex asks to run:\ntouch {allowed_file}\n")
-        assert answer(session, second, {text: ["Allow"]}).status_code == 200
+        assert second["rendering"]["text"] == f"# add to the second marker\necho ran >> {allowed_file}"
+        assert decide(session, second, permission.ALLOW_SESSION).status_code == 200
         result = codex.result(120)
 
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert "FINAL_TEXT_FROM_FAKE_MODEL" in result.stdout
-    assert not denied_file.exists() and allowed_file.exists()
+    assert not denied_file.exists() and allowed_file.read_text() == "ran\nran\n"
     outputs = model.tool_outputs()
     assert ('The user answered on their phone (this is their answer, not a refusal): "Which framework?"="Vue"'
             in outputs["call_question"]), outputs
-    assert "The user denied this on their phone. Their note: not in this folder" in outputs["call_denied"], outputs
-    assert "denied" not in outputs["call_allowed"].lower(), outputs
+    assert "The user denied this tool call from their phone: not in this folder" in outputs["call_denied"], outputs
+    assert "denied" not in outputs["call_allowed"].lower() + outputs["call_again"].lower(), outputs
     assert "PermissionRequest Blocked" in result.stderr and "hook: Stop" in result.stderr
 
     # Every hook reached the bridge; the session and its Stop event reached the platform.
@@ -135,6 +141,9 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
     wait_until(lambda: "Stop" in {m.body.get("event") for m in Message.objects.filter(room=room, kind="event")},
                timeout=20, message="Stop in the session's room")
     log = desk.process.log()
-    for route in ("session-start", "user-prompt-submit", "pre-tool-use", "questions/wait", "stop"):
+    for route in ("session-start", "user-prompt-submit", "pre-tool-use", "permission-request", "questions/wait",
+                  "stop"):
         assert f'"POST /v1/{route} HTTP/1.1" 200' in log, route
-    assert desk.audit().count("question.take") == 3
+    audit = desk.audit()
+    assert (audit.count("question.take"), audit.count("permission.take"), audit.count("permission.remembered")) == (
+        1, 2, 1)

@@ -1,5 +1,6 @@
 """`hooks install --agent codex` (clients/bridge/codex.py) and the Codex payload translation
-(clients/bridge/codex_hook.py), without processes. The payloads below are what the real Codex CLI
+(clients/bridge/codex_hook.py: approvals take Claude Code's tool-permission path, questions the question
+path), without processes. The payloads below are what the real Codex CLI
 0.171.0 sent to a hook (recorded from `codex exec` runs); the trust hashes are ones that build accepted
 (its hook ran with no bypass flag). test_codex_e2e.py runs the real CLI itself.
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from clients.bridge import codex, codex_hook
+from clients import permission
+from clients.bridge import codex
 from clients.bridge.hook import handle
 from clients.bridge.hooks_install import HooksInstallError
 from tests.e2e_support import ROOT
@@ -34,7 +36,6 @@ REQUEST_USER_INPUT = {
                                   "options": [{"label": "Vue", "description": "v"},
                                               {"label": "React", "description": "r"}]}]},
 }
-APPROVAL_TEXT = "Codex asks to run:\ntouch /tmp/work/RAN\nWhy: need it"
 
 
 # --- trust hashes ------------------------------------------------------------------------------
@@ -157,46 +158,12 @@ def test_the_command_line_installs_and_rolls_back_and_refuses_the_claude_only_op
 
 
 # --- payload translation -----------------------------------------------------------------------
-def test_an_approval_request_becomes_one_allow_deny_question():
-    question = codex_hook.approval_question(PERMISSION_REQUEST)
-    assert question == {"questions": [{
-        "question": APPROVAL_TEXT, "header": "Codex approval", "multiSelect": False,
-        "options": [{"label": "Allow", "description": "let Codex do it this once"},
-                    {"label": "Deny", "description": "refuse; Codex is told (add a note for it below)"}]}]}
-    network = {**PERMISSION_REQUEST, "tool_name": "NetworkAccess", "tool_input": {"command": "curl example.org"}}
-    assert codex_hook.approval_question(network)["questions"][0]["question"] == (
-        "Codex asks to access the network for:\ncurl example.org")
-    long = {**PERMISSION_REQUEST, "tool_input": {"command": "x" * 5000}}
-    assert len(codex_hook.approval_question(long)["questions"][0]["question"]) < 2000
-    assert codex_hook.approval_question({**PERMISSION_REQUEST, "tool_input": {"command": " "}}) is None
-
-
-@pytest.mark.parametrize(("answers", "other", "decision"), [
-    ({APPROVAL_TEXT: ["Allow"]}, None, {"behavior": "allow"}),
-    ({APPROVAL_TEXT: ["Deny"]}, None, {"behavior": "deny", "message": "The user denied this on their phone."}),
-    ({APPROVAL_TEXT: ["Deny"]}, {APPROVAL_TEXT: " not here "},
-     {"behavior": "deny", "message": "The user denied this on their phone. Their note: not here"}),
-    ({}, {APPROVAL_TEXT: "use make"}, {"behavior": "deny", "message": "The user denied this on their phone. "
-                                                                      "Their note: use make"}),
-    ({APPROVAL_TEXT: ["Allow", "Deny"]}, None, None),
-    ({}, None, None),
-])
-def test_the_phones_answer_becomes_codexs_documented_decision(answers, other, decision):
-    question = codex_hook.approval_question(PERMISSION_REQUEST)
-    output = codex_hook.approval_output(question, answers, other)
-    if decision is None:
-        assert output is None
-    else:
-        # Only behavior and message: Codex fails closed on updatedInput, updatedPermissions, interrupt.
-        assert output == {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
-
-
 class FakeDaemon:
-    """The daemon's local API as the hook sees it: records the asks, answers the waits."""
+    """The daemon's local API as the hook sees it: records the calls, answers the waits with ``result``."""
 
-    def __init__(self, answers: dict, other: dict | None = None) -> None:
+    def __init__(self, result: dict) -> None:
         self.calls: list[tuple[str, dict]] = []
-        self.result = {"state": "answered", "answers": answers, "other": other or {}}
+        self.result = {"state": "answered", **result}
 
     def post(self, route: str, body: dict, timeout: float) -> dict:
         self.calls.append((route, body))
@@ -207,22 +174,37 @@ class FakeDaemon:
         return self.result
 
 
-def test_the_hook_sends_codexs_approval_and_question_to_the_phone_and_answers_in_codexs_shape():
-    daemon = FakeDaemon({APPROVAL_TEXT: ["Allow"]})
+@pytest.mark.parametrize(("decision", "reason", "verdict"), [
+    ("allow", None, {"behavior": "allow"}),
+    ("allow_session", None, {"behavior": "allow"}),  # remembered by the bridge: Codex rejects updatedPermissions
+    ("deny", "The user denied this tool call from their phone: not here",
+     {"behavior": "deny", "message": "The user denied this tool call from their phone: not here"}),
+])
+def test_codexs_approval_takes_the_tool_permission_path_and_gets_codexs_documented_decision(decision, reason, verdict):
+    daemon = FakeDaemon({"decision": decision, "reason": reason,
+                         "input_hash": permission.input_hash(PERMISSION_REQUEST["tool_input"])})
     assert handle(PERMISSION_REQUEST, daemon, window=30, style="allow") == {
-        "hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}}
+        "hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": verdict}}
     (route, body), (wait, _) = daemon.calls
-    assert (route, wait, body["session_id"], body["window_sec"]) == ("pre-tool-use", "questions/wait", SESSION, 30)
-    assert body["tool_input"] == codex_hook.approval_question(PERMISSION_REQUEST)
+    assert (route, wait) == ("permission-request", "questions/wait")
+    assert (body["session_id"], body["event"], body["tool_name"], body["tool_input"], body["window_sec"]) == (
+        SESSION, "PermissionRequest", "Bash", PERMISSION_REQUEST["tool_input"], 30)
 
-    daemon = FakeDaemon({"Which framework?": ["Vue"]}, {"Which framework?": "with Pinia"})
+
+def test_a_decision_for_another_input_is_no_decision_for_codex_either():
+    daemon = FakeDaemon({"decision": "allow", "input_hash": permission.input_hash({"command": "rm -rf /"})})
+    assert handle(PERMISSION_REQUEST, daemon, window=30, style="allow") is None
+
+
+def test_codexs_question_tool_goes_to_the_phone_and_the_answer_back_as_a_deny_reason():
+    daemon = FakeDaemon({"answers": {"Which framework?": ["Vue"]}, "other": {"Which framework?": "with Pinia"}})
     output = handle(REQUEST_USER_INPUT, daemon, window=30, style="allow")
     assert output == {"hookSpecificOutput": {
         "hookEventName": "PreToolUse", "permissionDecision": "deny",
         "permissionDecisionReason": 'The user answered on their phone (this is their answer, not a refusal): '
                                     '"Which framework?"="Vue, with Pinia". Continue with this answer.'}}
     route, body = daemon.calls[0]
-    assert body["tool_use_id"] == "call_q"
+    assert (route, body["tool_use_id"]) == ("pre-tool-use", "call_q")
     assert body["tool_input"] == {"questions": [{
         "question": "Which framework?", "header": "Framework", "multiSelect": False,
         "options": [{"label": "Vue", "description": "v"}, {"label": "React", "description": "r"}]}]}
