@@ -188,7 +188,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- channel layer and cache -----------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
-REDIS_PREFIX = os.environ.get("AI1NET_REDIS_PREFIX", "ai1net")
+# Test runs side by side (pytest-xdist workers) each keep their own keys and groups, as they keep
+# their own database: their user and device ids overlap.
+_TEST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+REDIS_PREFIX = os.environ.get("AI1NET_REDIS_PREFIX") or (f"ai1net-{_TEST_WORKER}" if _TEST_WORKER else "ai1net")
 if REDIS_URL:
     # The layer is a doorbell, never a queue (shared/reference/stack-notes.md). redis-py 8 would
     # otherwise time idle consumers out after ~5 s and cap the pool at 100 connections.

@@ -9,6 +9,7 @@ points at one, or ~/.cache/ai1net-claude already holds the pinned version.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -42,9 +43,15 @@ def claude_bin() -> str:
         pytest.skip("npm is not installed: cannot install the Claude Code CLI")
     folder = CACHE_DIRS[0]
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
-                           f"@anthropic-ai/claude-code@{CLAUDE_VERSION}"], capture_output=True, text=True, timeout=600)
     candidate = folder / "node_modules" / ".bin" / "claude"
+    # Test workers side by side (pytest-xdist) install once: the second waits and finds it there.
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if candidate.exists() and _version(candidate) == CLAUDE_VERSION:
+            return str(candidate)
+        done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
+                               f"@anthropic-ai/claude-code@{CLAUDE_VERSION}"], capture_output=True, text=True,
+                              timeout=600)
     if done.returncode != 0 or not candidate.exists():
         pytest.skip(f"could not install the Claude Code CLI: {done.stderr[-500:]}")
     return str(candidate)
