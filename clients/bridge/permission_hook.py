@@ -13,6 +13,14 @@ no decision. Output, documented fields only (reference/agent-hooks.md):
 
 No answer in the window, the switch off, the daemon down, a hash that does not match: no output, and
 the desktop asks as usual. Loaded by ``hook.py`` only for these events (the question path stays lean).
+
+Desk versus phone: Claude Code (2.1.197, interactive) shows its own permission dialog while a
+PermissionRequest hook runs, and when the person at the desk answers first it neither stops the hook nor
+tells it. The hook learns it from the session's transcript (``transcript_path``): the tool call it was
+asked about (same tool, same input hash) gets its ``tool_result``. It then tells the daemon
+(``permission/desktop``), the phone shows "Answered on the desktop" and a late phone answer is refused.
+That transcript reading is observed behaviour, not a documented contract; without a transcript the
+request simply stays on the phone until the window ends.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ if TYPE_CHECKING:  # annotations only (typing costs the hook start-up time)
     from clients.bridge.hook import Daemon
 
 LONG_POLL_SEC = 25.0
+DESK_POLL_SEC = 1.0  # while watching the transcript for the desk's answer
+TRANSCRIPT_TAIL_BYTES = 1024 * 1024
 ALLOW_REASON = "Allowed from the user's phone (ai1net)."
 REMEMBERED_REASON = "Allowed from the user's phone earlier in this session (ai1net)."
 
@@ -74,14 +84,19 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
     question_id = asked.get("question_id")
     if result is None and not question_id:
         return None
+    desk = DeskWatch(event.get("transcript_path"), tool_name, expected) if name == "PermissionRequest" else None
     while result is None:
+        if desk is not None and desk.answered():
+            daemon.post_retrying("permission/desktop", {"question_id": question_id, "decided": desk.answered()},
+                                 3.0, time.monotonic() + 3.0)
+            return None  # the desk's answer stands; Claude Code no longer reads ours
         remaining = deadline - time.monotonic()
         if remaining <= 0:  # hand it to the desk; a decision that came in just in time still counts
             result = daemon.post_retrying(
                 "questions/give-up", {"question_id": question_id, "reason": "timeout"}, 3.0, time.monotonic() + 3.0
             )
         else:
-            poll = min(remaining, LONG_POLL_SEC)
+            poll = min(remaining, DESK_POLL_SEC if desk is not None and desk.usable else LONG_POLL_SEC)
             result = daemon.post_retrying(
                 "questions/wait", {"question_id": question_id, "timeout": poll}, poll + 5, deadline
             )
@@ -99,3 +114,63 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
         return None  # not a decision for this very input: the desktop asks
     reason = str(result.get("reason") or permission.DEFAULT_DENY_REASON)
     return decision_output(str(name), str(decision), reason, remembered=bool(result.get("remembered")))
+
+
+class DeskWatch:
+    """Whether the tool call a PermissionRequest is about got its result in the transcript meanwhile
+    (the person at the desk answered Claude Code's dialog first): "allow", "deny" or ""."""
+
+    def __init__(self, transcript_path: Any, tool_name: str, input_hash: str) -> None:
+        import os
+
+        self.path = transcript_path if isinstance(transcript_path, str) else ""
+        self.usable = bool(self.path) and os.path.isfile(self.path)
+        self.tool_name, self.input_hash = tool_name, input_hash
+        self.settled_before: Optional[set] = None  # matching calls that already had a result when we began
+        self.offset = 0
+        self.verdict = ""
+        if self.usable:
+            self.offset = max(0, os.path.getsize(self.path) - TRANSCRIPT_TAIL_BYTES)
+            self.answered()  # before the request goes out: what was settled already is not the desk's answer
+
+    def answered(self) -> str:
+        if self.verdict or not self.usable:
+            return self.verdict
+        try:
+            calls, results = self._scan()
+        except (OSError, ValueError):
+            return ""
+        if self.settled_before is None:
+            self.settled_before = {use_id for use_id in calls if use_id in results}
+        for use_id in calls:
+            if use_id in results and use_id not in self.settled_before:
+                self.verdict = "deny" if results[use_id] else "allow"
+        return self.verdict
+
+    def _scan(self) -> tuple:
+        """(ids of matching tool_use blocks, {tool_use_id: is_error} of tool_result blocks) in the tail."""
+        import json
+
+        from clients import permission
+
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        calls, results = [], {}
+        for line in data.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # the first line of a tail, or one being written
+            message = entry.get("message") if isinstance(entry, dict) else None
+            content = message.get("content") if isinstance(message, dict) else None
+            for block in content if isinstance(content, list) else []:
+                if not isinstance(block, dict):
+                    continue
+                if (block.get("type") == "tool_use" and block.get("name") == self.tool_name
+                        and isinstance(block.get("input"), dict)
+                        and permission.input_hash(block["input"]) == self.input_hash):
+                    calls.append(block.get("id"))
+                elif block.get("type") == "tool_result":
+                    results[block.get("tool_use_id")] = bool(block.get("is_error"))
+        return calls, results

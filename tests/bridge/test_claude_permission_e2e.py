@@ -16,12 +16,14 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ai1net.accounts.models import AuditEntry
 from clients import permission
-from tests.e2e_support import ROOT, csrf
+from mobile.models import Question
+from tests.e2e_support import ROOT, csrf, wait_until
 
 from .test_claude_e2e import HARNESS, claude_bin
 from .test_mobile_e2e import pending, world  # noqa: F401 - world is a fixture
@@ -97,3 +99,51 @@ def test_the_real_claude_code_runs_what_the_phone_allows_not_what_it_denies(worl
     asked = [json.loads(line) for line in (desk.home / "audit.jsonl").read_text().splitlines()
              if '"permission.ask"' in line]
     assert [entry.get("hook_event") for entry in asked] == [event, event]
+
+
+def _tmux_showing(text: str) -> Path | None:
+    """The harness's private tmux server whose screen shows ``text`` (our run's folder), if any."""
+    for sock in sorted(Path(f"/tmp/tmux-{os.getuid()}").glob("cchook-*")):
+        screen = subprocess.run(["tmux", "-S", str(sock), "capture-pane", "-p", "-t", "cc"], capture_output=True,
+                                text=True, timeout=10).stdout
+        if text in screen and "Do you want to proceed?" in screen:
+            return sock
+    return None
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="interactive mode needs tmux")
+def test_the_desk_answers_first_and_the_phone_is_told(world, tmp_path):  # noqa: F811
+    """Claude Code shows its own dialog while the PermissionRequest hook waits; the person at the desk
+    answers it first. The hook sees the call's result in the transcript, the phone's request turns
+    "answered on the desktop", and a late phone answer is refused with that name."""
+    if not (HARNESS / "run_claude_with_hooks.sh").exists():
+        pytest.skip(f"the Claude Code harness is not at {HARNESS}")
+    binary = claude_bin()
+    server, desk, session = world
+    settings = tmp_path / "settings.json"
+    installed = subprocess.run(
+        [sys.executable, "-m", "clients.bridge", "--home", str(desk.home), "hooks", "install", "--settings",
+         str(settings), "--window", "90", "--approve", "asked"], cwd=ROOT, capture_output=True, text=True,
+        timeout=30)
+    assert installed.returncode == 0, installed.stderr
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"steps": [SCRIPT["steps"][0], SCRIPT["steps"][-1]], "side_text": "OK"}))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "CLAUDE_BIN": binary, "FAKE_SCRIPT": str(script), "RUN_DIR": str(run_dir),
+           "MODE": "interactive", "TIMEOUT": "150"}
+    claude = desk.pool.submit(subprocess.run, [str(HARNESS / "run_claude_with_hooks.sh"), str(settings),
+                                               "Mark the project"], env=env, capture_output=True, text=True,
+                              timeout=240)
+    [item] = pending(session)
+    sock = wait_until(lambda: _tmux_showing(str(run_dir / "work")), timeout=30, message="the desktop dialog")
+    subprocess.run(["tmux", "-S", str(sock), "send-keys", "-t", "cc", "1"], check=True, timeout=10)
+    wait_until(lambda: Question.objects.get(pk=item["question_id"]).state == Question.State.ANSWERED_ON_DESKTOP,
+               timeout=30, message="answered on the desktop, on the platform")
+    late = decide(session, item, permission.DENY)
+    assert (late.status_code, late.json()["error"]) == (409, "answered_on_desktop")
+    result = claude.result(260)
+    assert result.returncode == 0, (result.stdout, result.stderr, (run_dir / "claude.stderr").read_text())
+    assert "hi-from-bash" in (run_dir / "api" / "tool_results.jsonl").read_text()
+    assert (run_dir / "work" / "allowed-marker").exists()
+    audit = desk.audit()
+    assert "permission.desktop" in audit and "permission.take" not in audit

@@ -162,3 +162,15 @@ def test_the_bridge_moving_it_tells_a_late_phone_plainly(phone, bridge):
     dispatch(bridge, str(uuid.uuid4()), "mobile.question_moved", {"question_id": qid, "reason": "timeout"})
     late = decide(phone, entry)
     assert (late.status_code, late.json()["error"]) == (409, "moved_to_desktop")
+
+
+def test_the_desk_answering_first_is_named_to_a_late_phone(phone, bridge):
+    qid, _ = request(bridge)
+    entry = only_pending(phone)
+    result = dispatch(bridge, str(uuid.uuid4()), "mobile.desktop_answer",
+                      {"session_id": "sess-1", "question_id": qid, "answers": {}})["result"]
+    assert result == {"state": "answered_on_desktop"}
+    late = decide(phone, entry)
+    assert (late.status_code, late.json()["error"]) == (409, "answered_on_desktop")
+    assert AuditEntry.objects.filter(action="mobile.desktop_answer").count() == 1
+    assert outbox(bridge, "mobile.answer") == []
