@@ -5,6 +5,7 @@ it reaches the phone (an HTTP client on a real daphne) and the model reads the p
 asks for commands that need approval, which reach the phone as tool-permission requests (the Claude
 Code path): the phone denies the first with a note (it never runs; the model reads the note), allows the
 second "and remember for this session" (it runs), and the very same call again runs without the phone.
+With the session's keep-going on, the Stop hook waits for a phone message and Codex goes on with it.
 
 `codex exec` never asks for approval (its policy is "never") unless it runs with ``--approve-for-me``:
 then the PermissionRequest hook is consulted first, and only a request the hook leaves undecided goes
@@ -16,6 +17,7 @@ points at one, or ~/.cache/ai1net-codex already holds the pinned version.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,7 +29,7 @@ import pytest
 from clients import permission
 from im.models import Message
 from mobile.models import AgentSession
-from tests.e2e_support import ROOT, wait_until
+from tests.e2e_support import ROOT, csrf, wait_until
 
 from .fake_openai import FakeResponsesApi, call, say
 from .test_claude_permission_e2e import decide
@@ -92,6 +94,7 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
         call("exec_command", allowed_call, "call_allowed"),
         call("exec_command", allowed_call, "call_again"),  # the very same call: remembered, not asked again
         say("Both asked. FINAL_TEXT_FROM_FAKE_MODEL"),
+        say("Going on as the phone said. CONTINUED_FROM_THE_PHONE"),
     ]
     env = {**os.environ, "CODEX_HOME": str(codex_home), "HOME": str(tmp_path)}
     with FakeResponsesApi(steps) as model:
@@ -105,6 +108,10 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
             cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
 
         [asked] = pending(session)
+        session_id = asked["session_id"]
+        kept = session.post(f"/api/mobile/sessions/{session_id}/keep_going", json={"enabled": True},
+                            headers=csrf(session))
+        assert kept.status_code == 200, kept.text
         assert asked["questions"] == [{"question": "Which framework?", "header": "Framework", "multiSelect": False,
                                        "options": CODEX_QUESTION["options"]}]
         assert answer(session, asked, {"Which framework?": ["Vue"]}).status_code == 200
@@ -123,10 +130,24 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
             timeout=60, interval=0.2, message="the second approval on the phone")
         assert second["rendering"]["text"] == f"# add to the second marker\necho ran >> {allowed_file}"
         assert decide(session, second, permission.ALLOW_SESSION).status_code == 200
+
+        # Keep-going is on: at Stop the hook waits for a phone message, and Codex goes on with it.
+        wait_until(lambda: session_id in desk.health().get("waiting_sessions", []), timeout=60, interval=0.2,
+                   message="Stop waiting for the phone")
+        sent = session.post(f"/api/mobile/sessions/{session_id}/messages", json={"text": "now write the tests"},
+                            headers=csrf(session))
+        assert sent.status_code == 201, sent.text
+        wait_until(lambda: "now write the tests" in json.dumps(model.requests[-1]["input"]), timeout=60,
+                   interval=0.2, message="the phone's message in the model's input")
+        wait_until(lambda: session_id in desk.health().get("waiting_sessions", []), timeout=60, interval=0.2,
+                   message="the second Stop waiting")
+        stopped = session.post(f"/api/mobile/sessions/{session_id}/keep_going", json={"enabled": False},
+                               headers=csrf(session))
+        assert stopped.status_code == 200, stopped.text
         result = codex.result(120)
 
     assert result.returncode == 0, (result.stdout, result.stderr)
-    assert "FINAL_TEXT_FROM_FAKE_MODEL" in result.stdout
+    assert "CONTINUED_FROM_THE_PHONE" in result.stdout
     assert not denied_file.exists() and allowed_file.read_text() == "ran\nran\n"
     outputs = model.tool_outputs()
     assert ('The user answered on their phone (this is their answer, not a refusal): "Which framework?"="Vue"'
@@ -136,7 +157,6 @@ def test_the_real_codex_cli_asks_the_phone_its_questions_and_approvals(world, tm
     assert "PermissionRequest Blocked" in result.stderr and "hook: Stop" in result.stderr
 
     # Every hook reached the bridge; the session and its Stop event reached the platform.
-    session_id = first["session_id"]
     room = AgentSession.objects.get(session_id=session_id).room
     wait_until(lambda: "Stop" in {m.body.get("event") for m in Message.objects.filter(room=room, kind="event")},
                timeout=20, message="Stop in the session's room")
