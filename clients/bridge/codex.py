@@ -257,6 +257,9 @@ def run_cli(args: Any, home: Path) -> int:
             return 0
         if args.answer_style != "allow":
             raise HooksInstallError("--answer-style is Claude Code's (AskUserQuestion); Codex has no such tool")
+        if getattr(args, "approve", None):
+            raise HooksInstallError("--approve is Claude Code's (PreToolUse routing); Codex takes a PreToolUse "
+                                    "allow only with updatedInput. Its approvals reach the phone without it")
         result = install(home=home, hooks_path=args.settings, window=args.window, launcher=args.launcher)
     except HooksInstallError as exc:
         print(f"ai1net-bridge: {exc}", file=sys.stderr)

@@ -146,6 +146,8 @@ def test_the_command_line_installs_and_rolls_back_and_refuses_the_claude_only_op
 
     refused = run("--answer-style", "deny")
     assert refused.returncode == 1 and "Codex has no such tool" in refused.stderr
+    refused = run("--approve", "Bash")
+    assert refused.returncode == 1 and "--approve is Claude Code's" in refused.stderr
     assert list(codex_home.iterdir()) == []
     installed = run()
     assert installed.returncode == 0, installed.stderr
