@@ -56,6 +56,9 @@ def write_private_json(path: Path, data: Dict[str, Any]) -> None:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Every waiting hook reconnects at once when the daemon restarts; socketserver's backlog of 5 dropped
+    # the rest of the burst's SYNs, and the kernel's retries (1, 3, 7, 15 s ...) held answers back ~25 s.
+    request_queue_size = 512
     api: LocalApi
 
 

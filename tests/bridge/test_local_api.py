@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import select
 import socket
 
 import pytest
@@ -89,6 +90,26 @@ async def test_bad_bodies_unknown_routes_and_backend_errors(api):
     assert (await request(api, "/other"))[0] == 404
     assert (await request(api, "/v1/refuse"))[0] == 404
     assert await request(api, "/v1/boom") == (500, {"error": "internal"})
+
+
+async def test_a_burst_of_connections_is_accepted_at_once(api):
+    # All the hooks waiting on a restarted daemon connect together; a full accept queue drops SYNs and
+    # the kernel retries them only after a second or more (the bridge kill -9 fault test saw ~25 s).
+    sockets = [socket.socket() for _ in range(200)]
+    try:
+        for sock in sockets:
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", api.port))
+        connected = set()
+        deadline = asyncio.get_running_loop().time() + 0.8  # under the first SYN retry (1 s)
+        while len(connected) < len(sockets) and asyncio.get_running_loop().time() < deadline:
+            _, writable, _ = select.select([], [s for s in sockets if s not in connected], [], 0.05)
+            connected.update(s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+        assert len(connected) == len(sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert (await request(api))[0] == 200
 
 
 async def test_binds_loopback_only(api):
