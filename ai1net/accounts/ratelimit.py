@@ -69,11 +69,19 @@ def retry_after(*pairs: Pair) -> int:
     active = _active(pairs)
     keys = [key for _, key in active] + [f"{key}:until" for _, key in active]
     stored = cache.get_many(keys)
+    now = time.time()
     wait = 0.0
     for limit, key in active:
-        if int(stored.get(key) or 0) >= limit.limit:
-            until = stored.get(f"{key}:until")
-            wait = max(wait, (float(until) - time.time()) if until is not None else limit.window, 1.0)
+        if int(stored.get(key) or 0) < limit.limit:
+            continue
+        until = stored.get(f"{key}:until")
+        if until is None:  # a counter without its window's end may have lost its expiry: give it one
+            until = now + limit.window
+            _open_window(limit, key, until)
+        elif float(until) <= now:  # its window is over yet it is still here: it lost its expiry
+            cache.delete(key)
+            continue
+        wait = max(wait, float(until) - now, 1.0)
     return math.ceil(wait)
 
 
@@ -100,34 +108,44 @@ def check(*pairs: Pair, what: str = "Too many failed attempts.") -> None:
         raise refused
 
 
+def _open_window(limit: Limit, key: str, until: float) -> None:
+    cache.set(f"{key}:until", until, timeout=limit.window)
+    cache.touch(key, limit.window)
+
+
 def _incr(limit: Limit, key: str) -> int:
     for _ in range(3):  # a counter that expires between add and incr is added again
         if cache.add(key, 1, timeout=limit.window):  # the first failure opens the window
             cache.set(f"{key}:until", time.time() + limit.window, timeout=limit.window)
             return 1
         try:
-            return int(cache.incr(key))
+            value = int(cache.incr(key))
         except ValueError:
             continue
+        if value == 1:
+            # Django's Redis incr is EXISTS then INCR: a counter that expired in between was made
+            # again by INCR without an expiry, which would lock this key out for good.
+            _open_window(limit, key, time.time() + limit.window)
+        return value
     return 0
 
 
 def fail(*pairs: Pair, ip: str | None = None, actor: object = None) -> list[Limit]:
     """Count one failure on each pair; returns the limits this failure reached (each audited once)."""
-    reached = [limit for limit, key in _active(pairs) if _incr(limit, key) == limit.limit]
+    reached = [(limit, value) for limit, value in pairs
+               if value not in (None, "") and _incr(limit, _key(limit, value)) == limit.limit]
     if reached:
         # Imported here: services -> exceptions -> DRF settings -> authentication -> this module.
         from ai1net.accounts.services import audit_record
 
-        for limit in reached:
-            value = dict(pairs)[limit]
+        for limit, value in reached:
             data = {"scope": limit.scope, "limit": limit.limit, "window_sec": limit.window}
             if limit.scope.endswith(".account"):
                 data["account"] = str(value)
             audit_record(actor=actor if getattr(actor, "is_authenticated", False) else None,  # type: ignore[arg-type]
                          action="security.rate_limited", data=data,
                          ip=ip or (str(value) if limit.scope.endswith(".address") else None))
-    return reached
+    return [limit for limit, _ in reached]
 
 
 def reset(*pairs: Pair) -> None:
