@@ -1,12 +1,16 @@
 """Proof against the real agent host for tool approval from the phone: the real Claude Code CLI (2.1.197)
-runs offline through the shared harness with the hooks `hooks install --approve` wrote; its scripted fake
-model runs three Bash calls; the phone (an HTTP client on a real daphne) gets the first as a permission
-request and allows it "and remember for this session" (it runs: the model receives its output); the
-second, the very same call, runs without asking the phone; the third reaches the phone and is denied
-with a reason (it does not run: its marker file never appears, and the model receives the reason).
+runs offline through the shared harness with the hooks `hooks install --approve` wrote, and its scripted
+fake model makes Bash calls. The phone is an HTTP client on a real daphne.
 
-- print mode (`claude -p`), `--approve Bash`: the PreToolUse path (PermissionRequest does not fire in -p);
-- interactive mode (tmux), `--approve asked`: the PermissionRequest path.
+1. the phone allows the first call "and remember for this session": it runs (the model receives its output);
+2. the very same call again runs without reaching the phone;
+3. the phone denies the next call with a reason: it does not run (its marker file never appears) and the
+   model receives the reason;
+4. (interactive only) the person at the desk answers Claude Code's own dialog first: the phone's request
+   turns "answered on the desktop" and a late phone answer is refused with that name.
+
+Print mode (`claude -p`, `--approve Bash`) proves the PreToolUse path (PermissionRequest does not fire in
+-p); interactive mode under tmux (`--approve asked`) proves the PermissionRequest path.
 """
 
 from __future__ import annotations
@@ -32,18 +36,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.claude, pytest.mark
 
 ALLOWED = {"command": "touch allowed-marker && echo hi-from-bash", "description": "mark"}
 DENIED = {"command": "touch denied-marker", "description": "mark again"}
-SCRIPT = {
-    "steps": [
-        {"content": [{"type": "tool_use", "name": "Bash", "input": ALLOWED}]},
-        {"content": [{"type": "tool_use", "name": "Bash", "input": ALLOWED}]},  # remembered: not asked again
-        {"content": [{"type": "tool_use", "name": "Bash", "input": DENIED}]},
-        {"content": [{"type": "text", "text": "Done. FINAL_TEXT_FROM_FAKE_MODEL"}]},
-    ],
-    "side_text": "OK",
-}
+AT_DESK = {"command": "touch desk-marker && echo desk-said-yes", "description": "ask the desk"}
+TEXT = permission.question_text("Bash")
 MODES = [("print", "Bash", "PreToolUse")] + (
     [("interactive", "asked", "PermissionRequest")] if shutil.which("tmux") else [])
-TEXT = permission.question_text("Bash")
+
+
+def script(*calls: dict) -> dict:
+    steps = [{"content": [{"type": "tool_use", "name": "Bash", "input": call}]} for call in calls]
+    return {"steps": [*steps, {"content": [{"type": "text", "text": "Done. FINAL_TEXT_FROM_FAKE_MODEL"}]}],
+            "side_text": "OK"}
 
 
 def decide(session, item, label, reason=None):
@@ -52,6 +54,16 @@ def decide(session, item, label, reason=None):
     if reason:
         body["other"] = {TEXT: reason}
     return session.post("/api/mobile/answer", json=body, headers=csrf(session))
+
+
+def _tmux_showing(text: str) -> Path | None:
+    """The harness's private tmux server whose screen shows ``text`` and Claude Code's dialog, if any."""
+    for sock in sorted(Path(f"/tmp/tmux-{os.getuid()}").glob("cchook-*")):
+        screen = subprocess.run(["tmux", "-S", str(sock), "capture-pane", "-p", "-t", "cc"], capture_output=True,
+                                text=True, timeout=10).stdout
+        if text in screen and "Do you want to proceed?" in screen:
+            return sock
+    return None
 
 
 @pytest.mark.parametrize(("mode", "approve", "event"), MODES)
@@ -65,11 +77,12 @@ def test_the_real_claude_code_runs_what_the_phone_allows_not_what_it_denies(worl
         [sys.executable, "-m", "clients.bridge", "--home", str(desk.home), "hooks", "install", "--settings",
          str(settings), "--window", "90", "--approve", approve], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert installed.returncode == 0, installed.stderr
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(SCRIPT))
+    interactive = mode == "interactive"
+    calls = [ALLOWED, ALLOWED, DENIED] + ([AT_DESK] if interactive else [])
+    (tmp_path / "script.json").write_text(json.dumps(script(*calls)))
     run_dir = tmp_path / "run"
-    env = {**os.environ, "CLAUDE_BIN": binary, "FAKE_SCRIPT": str(script), "RUN_DIR": str(run_dir), "MODE": mode,
-           "TIMEOUT": "150"}
+    env = {**os.environ, "CLAUDE_BIN": binary, "FAKE_SCRIPT": str(tmp_path / "script.json"), "RUN_DIR": str(run_dir),
+           "MODE": mode, "TIMEOUT": "150"}
     claude = desk.pool.submit(subprocess.run, [str(HARNESS / "run_claude_with_hooks.sh"), str(settings),
                                                "Mark the project"], env=env, capture_output=True, text=True,
                               timeout=240)
@@ -82,68 +95,31 @@ def test_the_real_claude_code_runs_what_the_phone_allows_not_what_it_denies(worl
     [second] = pending(session)  # the repeated call was allowed by the bridge: the next one here is DENIED
     assert second["input_hash"] == permission.input_hash(DENIED)
     assert decide(session, second, permission.DENY, "use the Makefile").status_code == 200
+    if interactive:
+        [third] = pending(session)
+        assert third["input_hash"] == permission.input_hash(AT_DESK)
+        sock = wait_until(lambda: _tmux_showing(str(run_dir / "work")), timeout=30, message="the desktop dialog")
+        subprocess.run(["tmux", "-S", str(sock), "send-keys", "-t", "cc", "1"], check=True, timeout=10)  # Yes
+        wait_until(lambda: Question.objects.get(pk=third["question_id"]).state == Question.State.ANSWERED_ON_DESKTOP,
+                   timeout=30, message="answered on the desktop, on the platform")
+        late = decide(session, third, permission.DENY)
+        assert (late.status_code, late.json()["error"]) == (409, "answered_on_desktop")
     result = claude.result(260)
     assert result.returncode == 0, (result.stdout, result.stderr, (run_dir / "claude.stderr").read_text())
 
-    tool_results = [json.loads(line) for line in (run_dir / "api" / "tool_results.jsonl").read_text().splitlines()]
-    received = json.dumps(tool_results)
+    received = (run_dir / "api" / "tool_results.jsonl").read_text()
     assert received.count("hi-from-bash") == 2, received
     assert "The user denied this tool call from their phone: use the Makefile" in received, received
     assert (run_dir / "work" / "allowed-marker").exists()
     assert not (run_dir / "work" / "denied-marker").exists()
-    assert desk.audit().count("permission.take") == 2
-    assert desk.audit().count("permission.remembered") == 1
+    audit = desk.audit()
+    assert audit.count("permission.take") == 2 and audit.count("permission.remembered") == 1
     assert '"POST /v1/permission-request HTTP/1.1" 200' in desk.process.log()
     decisions = [e.data.get("decision") for e in AuditEntry.objects.filter(action="mobile.answer").order_by("pk")]
     assert decisions == ["allow_session", "deny"]
     asked = [json.loads(line) for line in (desk.home / "audit.jsonl").read_text().splitlines()
              if '"permission.ask"' in line]
-    assert [entry.get("hook_event") for entry in asked] == [event, event]
-
-
-def _tmux_showing(text: str) -> Path | None:
-    """The harness's private tmux server whose screen shows ``text`` (our run's folder), if any."""
-    for sock in sorted(Path(f"/tmp/tmux-{os.getuid()}").glob("cchook-*")):
-        screen = subprocess.run(["tmux", "-S", str(sock), "capture-pane", "-p", "-t", "cc"], capture_output=True,
-                                text=True, timeout=10).stdout
-        if text in screen and "Do you want to proceed?" in screen:
-            return sock
-    return None
-
-
-@pytest.mark.skipif(not shutil.which("tmux"), reason="interactive mode needs tmux")
-def test_the_desk_answers_first_and_the_phone_is_told(world, tmp_path):  # noqa: F811
-    """Claude Code shows its own dialog while the PermissionRequest hook waits; the person at the desk
-    answers it first. The hook sees the call's result in the transcript, the phone's request turns
-    "answered on the desktop", and a late phone answer is refused with that name."""
-    if not (HARNESS / "run_claude_with_hooks.sh").exists():
-        pytest.skip(f"the Claude Code harness is not at {HARNESS}")
-    binary = claude_bin()
-    server, desk, session = world
-    settings = tmp_path / "settings.json"
-    installed = subprocess.run(
-        [sys.executable, "-m", "clients.bridge", "--home", str(desk.home), "hooks", "install", "--settings",
-         str(settings), "--window", "90", "--approve", "asked"], cwd=ROOT, capture_output=True, text=True,
-        timeout=30)
-    assert installed.returncode == 0, installed.stderr
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps({"steps": [SCRIPT["steps"][0], SCRIPT["steps"][-1]], "side_text": "OK"}))
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "CLAUDE_BIN": binary, "FAKE_SCRIPT": str(script), "RUN_DIR": str(run_dir),
-           "MODE": "interactive", "TIMEOUT": "150"}
-    claude = desk.pool.submit(subprocess.run, [str(HARNESS / "run_claude_with_hooks.sh"), str(settings),
-                                               "Mark the project"], env=env, capture_output=True, text=True,
-                              timeout=240)
-    [item] = pending(session)
-    sock = wait_until(lambda: _tmux_showing(str(run_dir / "work")), timeout=30, message="the desktop dialog")
-    subprocess.run(["tmux", "-S", str(sock), "send-keys", "-t", "cc", "1"], check=True, timeout=10)
-    wait_until(lambda: Question.objects.get(pk=item["question_id"]).state == Question.State.ANSWERED_ON_DESKTOP,
-               timeout=30, message="answered on the desktop, on the platform")
-    late = decide(session, item, permission.DENY)
-    assert (late.status_code, late.json()["error"]) == (409, "answered_on_desktop")
-    result = claude.result(260)
-    assert result.returncode == 0, (result.stdout, result.stderr, (run_dir / "claude.stderr").read_text())
-    assert "hi-from-bash" in (run_dir / "api" / "tool_results.jsonl").read_text()
-    assert (run_dir / "work" / "allowed-marker").exists()
-    audit = desk.audit()
-    assert "permission.desktop" in audit and "permission.take" not in audit
+    assert [entry.get("hook_event") for entry in asked] == [event] * (3 if interactive else 2)
+    if interactive:
+        assert "desk-said-yes" in received and (run_dir / "work" / "desk-marker").exists()
+        assert audit.count("permission.desktop") == 1
