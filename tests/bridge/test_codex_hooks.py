@@ -127,6 +127,17 @@ def test_install_into_a_fresh_codex_home_and_rollback_leave_nothing_behind(tmp_p
     assert list(codex_home.iterdir()) == []
 
 
+def test_a_rollback_of_every_agent_leaves_the_trust_block_for_the_codex_rollback(tmp_path, codex_home):
+    from clients.bridge import hooks_install
+
+    home = tmp_path / "bridge"
+    codex.install(home=home, launcher="/opt/bridge")
+    hooks_install.rollback(home=home)  # `hooks install --rollback` without --agent: every recorded file
+    assert not (codex_home / "hooks.json").exists() and len(trust_in(codex_home / "config.toml")) == 5
+    assert codex.rollback(home=home) == [{"settings": str(codex_home / "config.toml"), "action": "removed"}]
+    assert list(codex_home.iterdir()) == []
+
+
 def test_a_config_that_would_not_parse_is_refused_and_nothing_changes(tmp_path, codex_home):
     hooks_json, config = codex_home / "hooks.json", codex_home / "config.toml"
     # The user trusted a hook at the very key ours will take: a second table of that name is not TOML.
