@@ -659,31 +659,30 @@ def bridge_connected(*, device: Device) -> None:
     """A bridge (re)connected: tell it the switch if it does not hold the current value, and release the
     phone messages that waited for it. Usually neither: one read."""
     sent, waiting = _bridge_connect_state(device)
-    if sent is None or sent != mobile_reply_active(device.owner):
-        switch_broadcast(user=device.owner, devices=[device])
+    enabled = mobile_reply_active(device.owner)
+    if sent != enabled:
+        with transaction.atomic():
+            _switch_enqueue([device], enabled)
+            events.switch_changed(user_id=device.owner_id, enabled=enabled)
     if waiting:
         messages_release_due(device=device)
 
 
-def switch_broadcast(*, user: Any, devices: list[Device] | None = None) -> bool:
-    """Tell the user's bridges (or ``devices``) the effective switch; when it is off, waiting questions
-    move to the desktop at once (the hooks stop waiting when the bridge hears it)."""
+def _switch_enqueue(bridges: list[Device], enabled: bool) -> None:
+    for device in bridges:
+        outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
+    BridgeSwitchSent.objects.bulk_create([BridgeSwitchSent(device=device, enabled=enabled) for device in bridges],
+                                         update_conflicts=True, unique_fields=["device"], update_fields=["enabled"])
+
+
+def switch_broadcast(*, user: Any) -> bool:
+    """Tell the user's bridges the effective switch; when it is off, waiting questions move to the
+    desktop at once (the hooks stop waiting when the bridge hears it)."""
     enabled = mobile_reply_active(user)
-    bridges = devices if devices is not None else list(
-        Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE))
-    if devices is not None:
-        # Reconnecting bridges already hold this value (their outbox is durable): nothing changed, so
-        # no write and no event.
-        held = dict(BridgeSwitchSent.objects.filter(device__in=bridges).values_list("device_id", "enabled"))
-        bridges = [device for device in bridges if held.get(device.pk) != enabled]
-        if not bridges:
-            return enabled
+    bridges = list(Device.objects.filter(owner=user, kind=Device.Kind.BRIDGE, status=Device.Status.ACTIVE))
     with transaction.atomic():
-        for device in bridges:
-            outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
-        BridgeSwitchSent.objects.bulk_create([BridgeSwitchSent(device=device, enabled=enabled) for device in bridges],
-                                             update_conflicts=True, unique_fields=["device"], update_fields=["enabled"])
-        if not enabled and devices is None:
+        _switch_enqueue(bridges, enabled)
+        if not enabled:
             waiting = list(Question.objects.select_related("session", "device").filter(
                 device__owner=user, state=Question.State.PENDING))
             for question in waiting:
