@@ -12,7 +12,6 @@ from here (like ``clients.limits``). Standard library only; keep it importable o
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from typing import Any, Dict, List, Optional
@@ -110,6 +109,8 @@ def render(tool_name: str, tool_input: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _diff(path: str, old: str, new: str, *, created: bool) -> str:
+    import difflib  # the platform renders; the hook only hashes, and starts without it
+
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                  fromfile="/dev/null" if created else f"a/{path}", tofile=f"b/{path}", n=3)
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
