@@ -21,7 +21,9 @@ Rows (bench/report.py):
   other one (the doorbell crosses Redis; its own baseline is a frame sent on one daphne and received
   on the other through the layer, beside the direct echo).
 - tunnel connects/s vs echo: N sockets opened (50 handshakes in flight, all kept open), each ready
-  for work: the tunnel's hello answered; the echo's first frame answered. With 2 daphne, the sockets
+  for work: the tunnel's hello answered; the echo's first frame answered. The N bridges have connected
+  before, as after a platform restart (the switch sent to each and applied): the storm a platform
+  holding thousands of devices meets. With 2 daphne, the sockets
   alternate between the processes.
 Details (not with --quick): the older round trips (bench.enqueue request -> deliver, devices.ping),
 throughput to one device, and with --idle, the RSS per idle socket.
@@ -289,6 +291,15 @@ user, _ = User.objects.get_or_create(username="bench")
 tokens = ["ai1d_" + secrets.token_urlsafe(32) for _ in range({devices})]
 made = Device.objects.bulk_create([Device(owner=user, name=f"bench{{i}}", kind="bridge", token_hash=hash_secret(t))
                                    for i, t in enumerate(tokens)], batch_size=1000)
+# Bridges that have connected before, as after a platform restart: the switch was sent to each (by the
+# product's own path) and applied; a reconnect has nothing to catch up on.
+from django.db.models import F
+from django.utils import timezone
+from devices.models import OutboxItem
+from mobile.services import switch_broadcast
+switch_broadcast(user=user)
+Device.objects.filter(owner=user).update(acked_seq=F("next_seq") - 1)
+OutboxItem.objects.filter(device__owner=user).update(acked_at=timezone.now())
 print(json.dumps([[str(d.pk), t] for d, t in zip(made, tokens)]))
 """
     out = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, check=True,
