@@ -7,13 +7,18 @@ or close codes.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.db import InterfaceError, OperationalError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
+
+logger = logging.getLogger(__name__)
 
 
 class ApplicationError(Exception):
@@ -87,6 +92,27 @@ class Unavailable(ApplicationError):
     code = "unavailable"
     status = 503
     default_detail = "The service is not available right now."
+
+
+class DatabaseUnavailable(Unavailable):
+    code = "database_unavailable"
+    default_detail = "The database cannot be reached for a moment; try again."
+
+
+class DatabaseErrorMiddleware(MiddlewareMixin):
+    """A request whose database connection was dropped (terminated, restarted, failed over) answers 503
+    with the error body, never a server-error or traceback page. Django discards the broken connection
+    at the end of the request, so the next one gets a fresh one: no restart needed."""
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, (OperationalError, InterfaceError)):
+            return None  # integrity or programming errors are bugs to see, not an outage
+        logger.error("database unavailable for %s %s", request.method, request.path, exc_info=exception)
+        error = DatabaseUnavailable()
+        if request.path.startswith("/api/"):
+            return JsonResponse(error.as_dict(), status=error.status, headers={"Retry-After": "1"})
+        return HttpResponse(error.detail, status=error.status, content_type="text/plain; charset=utf-8",
+                            headers={"Retry-After": "1"})
 
 
 def retry_after_header(exc: ApplicationError) -> dict[str, str]:

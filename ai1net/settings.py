@@ -141,6 +141,7 @@ MIDDLEWARE = [
     "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ai1net.exceptions.DatabaseErrorMiddleware",  # a dropped database connection: 503 + error body
 ]
 
 ROOT_URLCONF = "ai1net.urls"
