@@ -201,7 +201,33 @@ CASES: dict[str, Callable[[World], None]] = {
         w.post(f"/api/im/rooms/{w.session.room_id}/messages", {"text": over("room.text")}), "text", "room.text"),
     "probe.args": lambda w: _probe_args(),
     "probe.result": probe_result,
+    "permission.tool_name": lambda w: rpc_refused(
+        w.rpc("mobile.permission", _permission_params(tool_name=over("permission.tool_name"))), "tool_name",
+        "permission.tool_name"),
+    "permission.tool_input": lambda w: rpc_refused(
+        w.rpc("mobile.permission", _permission_params(tool_input=over("permission.tool_input"))), "tool_input",
+        "permission.tool_input"),
+    "permission.input_hash": lambda w: rpc_refused(
+        w.rpc("mobile.permission", _permission_params(input_hash=over("permission.input_hash"))), "input_hash",
+        "permission.input_hash"),
+    "permission.rendering": lambda w: _permission_rendering(),
 }
+
+
+def _permission_params(**change: Any) -> dict:
+    from clients import permission
+
+    tool_input = change.pop("tool_input", {"command": "ls"})
+    return {"question_id": str(uuid.uuid4()), "session_id": "sess-1", "tool_name": "Bash", "tool_input": tool_input,
+            "input_hash": permission.input_hash(tool_input), "window_sec": 60, **change}
+
+
+def _permission_rendering() -> None:
+    """Derived, not received: what the phone is shown of a tool input is cut to fit, never refused."""
+    from clients import permission
+
+    shown = permission.render("Bash", {"command": over("permission.rendering")})
+    assert shown["truncated"] and len(shown["text"]) == LIMITS["permission.rendering"].max
 
 
 def _probe_args() -> None:
