@@ -120,11 +120,12 @@ def pct(values: list[float], q: float) -> float:
 
 # --- clients ----------------------------------------------------------------------------------
 
-async def tunnel_open(url: str, token: str) -> websockets.ClientConnection:
+async def tunnel_open(url: str, token: str, acked_seq: int = 0) -> websockets.ClientConnection:
     ws = await websockets.connect(f"{url}{protocol.TUNNEL_PATH}", additional_headers={"Authorization": f"Bearer {token}"},
                                   max_size=protocol.MAX_FRAME_BYTES, open_timeout=60, ping_interval=None)
     await ws.send(protocol.request(protocol.HELLO, {"protocolVersion": 1, "kind": "bridge", "version": "bench",
-                                                    "capabilities": [], "ports": [], "roots": [], "ackedSeq": 0}, "hello"))
+                                                    "capabilities": [], "ports": [], "roots": [], "ackedSeq": acked_seq},
+                                                   "hello"))
     while True:
         message = json.loads(await ws.recv())
         if message.get("id") == "hello":
@@ -278,6 +279,10 @@ async def hold_idle(server: Server, n: int, opener, heartbeat: float, rate: floa
 
 
 # --- setup ------------------------------------------------------------------------------------
+
+# What each bridge of a connect storm applied before the restart (prepare_database): the switch, seq 1.
+RESTART_ACKED_SEQ = 1
+
 
 def prepare_database(env: dict[str, str], devices: int) -> list[tuple[str, str]]:
     """Migrate and create ``devices`` bridges; returns their (device id, token)."""
@@ -567,7 +572,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         profiler.start(f"connect-tunnel-{run}", servers)
         before = server_cpu()
         tunnel_rates.append(await connect_rate(
-            urls, args.connects, lambda url, i: tunnel_open(url, devices[2 + i][1])))
+            urls, args.connects, lambda url, i: tunnel_open(url, devices[2 + i][1], RESTART_ACKED_SEQ)))
         tunnel_cpu.append((server_cpu() - before) * 1000 / args.connects)
         profiler.stop()
         await settle(servers)
@@ -620,7 +625,7 @@ async def run_layer(label: str, env: dict[str, str], tokens: list[str], args, wo
         tunnel_server = Server(env, workdir, f"idle-tunnel-{label}")
         try:
             tunnel_kib, tunnel_alive = await hold_idle(
-                tunnel_server, n, lambda i, s=tunnel_server: tunnel_open(s.url, tokens[i + 2]), args.heartbeat,
+                tunnel_server, n, lambda i, s=tunnel_server: tunnel_open(s.url, tokens[i + 2], RESTART_ACKED_SEQ), args.heartbeat,
                 args.connect_rate)
         finally:
             tunnel_server.stop()
