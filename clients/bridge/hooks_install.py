@@ -96,7 +96,7 @@ def parse_approve(value: Optional[str]) -> Optional[List[str]]:
     if tools == [APPROVE_ASKED]:
         return []
     for name in tools:
-        if not name.replace("_", "").isalnum() or not name.isascii() or name == ASK_TOOL:
+        if not name.replace("_", "").replace("-", "").isalnum() or not name.isascii() or name == ASK_TOOL:
             raise HooksInstallError(f"--approve takes tool names such as Bash,Write,Edit (or {APPROVE_ASKED}), "
                                     f"not {name!r}")
     if not tools:

@@ -245,6 +245,7 @@ def test_hooks_install_approve_routes_the_tools_and_rollback_removes_exactly_tha
         with pytest.raises(HooksInstallError):
             parse_approve(bad)
     assert parse_approve(None) is None
+    assert parse_approve("mcp__my-server__deploy") == ["mcp__my-server__deploy"]  # MCP tools by full name
 
 
 # --- desk versus phone ---------------------------------------------------------------------------------
