@@ -27,6 +27,17 @@ def shrink(monkeypatch):
     return apply
 
 
+@pytest.fixture
+def user(django_user_model):
+    """Without a password: these tests never log in with one, and hashing it costs a second on a busy machine."""
+    return django_user_model.objects.create(username="alice")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create(username="mallory")
+
+
 @pytest.fixture(autouse=True)
 def _isolated(isolated_device_signals):
     """Other apps react to connections; not wanted here."""

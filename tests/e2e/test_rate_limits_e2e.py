@@ -21,6 +21,12 @@ pytestmark = [
 ]
 
 
+@pytest.fixture
+def user(django_user_model):
+    """Without a password: nobody logs in here, and hashing one costs a second on a busy machine."""
+    return django_user_model.objects.create(username="alice")
+
+
 def _devices(server: Daphne, token: str) -> int:
     return httpx.get(f"{server.url}/api/devices", headers={"Authorization": f"Bearer {token}"}, timeout=15).status_code
 
