@@ -33,6 +33,7 @@ log = logging.getLogger("ai1net.tunnel")
 
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
+CLOSE_ABNORMAL = 1006  # websockets' code for a connection lost without a close frame
 ACK_EVERY = 100  # while items keep arriving, ack at least this often (one ack covers all before it)
 LONGPOLL_AFTER = 3  # failed WebSocket connects in a row before falling back to long polling
 WS_RETRY_SEC = 60.0  # in long-poll mode, try the WebSocket again this often
@@ -190,7 +191,10 @@ class Tunnel:
                     log.exception("tunnel to %s failed", self.ws_url)
                 if self._stopping.is_set():
                     break
-                ws_failures = 0 if established else ws_failures + 1
+                # A close frame from the platform (1011 while its Redis restarts, 1012 ...) proves the
+                # WebSocket gets through: only failures to open one count towards long polling.
+                platform_closed = close_code is not None and close_code != CLOSE_ABNORMAL
+                ws_failures = 0 if established or platform_closed else ws_failures + 1
                 if self._longpoll is not None and (refused or ws_failures >= LONGPOLL_AFTER):
                     if await self._longpoll_mode():
                         attempt = ws_failures = 0

@@ -167,6 +167,27 @@ async def test_other_close_codes_reconnect_with_backoff():
         await finish(tunnel, task)
 
 
+async def test_a_platform_that_closes_after_the_upgrade_keeps_the_websocket(monkeypatch):
+    # 1011 while the platform's Redis restarts: the WebSocket gets through, so no fall back to long
+    # polling (which would keep the bridge off the WebSocket for ws_retry_sec, 60 s by default).
+    fallbacks = []
+
+    async def no_longpoll(self) -> bool:
+        fallbacks.append(self.ws_url)
+        return False
+
+    monkeypatch.setattr(Tunnel, "_longpoll_mode", no_longpoll)
+    async with FakeTunnelServer() as server:
+        server.close_on_connect = 1011
+        tunnel = Device().tunnel(server, longpoll=True)
+        task = start(tunnel)
+        await until(lambda: len(server.handshakes) >= 5, message="retries")
+        server.close_on_connect = None
+        await until(lambda: tunnel.connected.is_set())
+        await finish(tunnel, task)
+    assert fallbacks == []
+
+
 async def test_heartbeats_are_sent_and_a_silent_platform_is_dropped():
     async with FakeTunnelServer(heartbeat_sec=0.2) as server:
         server.silent = True  # the fake never sends heartbeats of its own
