@@ -96,6 +96,23 @@ def error(request_id: Optional[RequestId], code: int, message: str, data: Option
     return _dump({"jsonrpc": "2.0", "id": request_id, "error": body})
 
 
+def _not_json_number(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e400: the database and JSON.parse refuse it too
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def loads(text: Union[str, bytes]) -> Any:
+    """JSON as the standard has it: NaN, Infinity and numbers past a double are refused (ValueError), not
+    passed on to code (and databases) that cannot take them, as Python's json.loads would."""
+    return json.loads(text, parse_constant=_not_json_number, parse_float=_finite)
+
+
 def parse(text: Union[str, bytes]) -> Message:
     """Parse one frame. Raises ProtocolError with the JSON-RPC code to answer with."""
     if isinstance(text, bytes):
@@ -103,7 +120,7 @@ def parse(text: Union[str, bytes]) -> Message:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES:
         raise ProtocolError(INVALID_REQUEST, f"frame larger than {MAX_FRAME_BYTES} bytes")
     try:
-        message = json.loads(text)
+        message = loads(text)
     except (ValueError, RecursionError):
         raise ProtocolError(PARSE_ERROR, "frame is not valid JSON") from None
     if not isinstance(message, dict):

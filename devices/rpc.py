@@ -20,6 +20,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from ai1net.exceptions import ApplicationError, PayloadTooLarge, ValidationFailed
+from ai1net.limits import enforce_storable
 from clients import limits, protocol
 from devices.models import Device, DeviceRequest
 
@@ -60,6 +61,11 @@ def dispatch(device: Device, request_id: Any, method: str, params: dict[str, Any
         exc = limits.LimitExceeded("rpc.id", "id", len(key))
         return _error(protocol.INVALID_PARAMS, str(exc), {"code": "too_large", "detail": str(exc), "field": "id",
                                                           "limit": exc.limit.max})
+    try:  # before the first query: PostgreSQL refuses a NUL even in a WHERE
+        enforce_storable(key, "id")
+        enforce_storable(params, "params")
+    except ValidationFailed as exc:
+        return _error(protocol.INVALID_PARAMS, exc.detail, {"code": exc.code, "detail": exc.detail, **exc.extra})
     stored = DeviceRequest.objects.filter(device=device, request_id=key).values_list("response", flat=True).first()
     if stored is not None:
         return stored
