@@ -35,6 +35,7 @@ MINUTES = 60
 # Password and two-factor codes (TOTP or backup code) at login.
 LOGIN_PER_ACCOUNT = Limit("login.account", 5, 15 * MINUTES)
 LOGIN_PER_ADDRESS = Limit("login.address", 20, 15 * MINUTES)
+LOGIN_PER_KNOWN_BROWSER = Limit("login.browser", 5, 15 * MINUTES)  # instead of the account's, see the login view
 OTP_PER_ACCOUNT = Limit("otp.account", 5, 15 * MINUTES)
 OTP_PER_ADDRESS = Limit("otp.address", 20, 15 * MINUTES)
 # The first-run set-up link (/setup/<token>): no account exists yet.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from urllib.parse import urlencode
 
@@ -12,6 +13,7 @@ from django.contrib import messages
 from django.contrib.auth import authenticate, update_session_auth_hash
 from django.contrib.auth import login as auth_login
 from django.contrib.auth.decorators import login_required
+from django.core import signing
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template import TemplateDoesNotExist
@@ -31,6 +33,9 @@ from ai1net.exceptions import ApplicationError, retry_after_header
 PENDING_KEY = "accounts.pending_otp"
 PENDING_TTL = 5 * 60
 HOME_CARD_APPS = ("mobile", "devices", "probes", "im")
+KNOWN_BROWSER_COOKIE = "ai1net_known_browser"
+KNOWN_BROWSER_SALT = "ai1net.accounts.known-browser"
+KNOWN_BROWSER_MAX_AGE = 180 * 24 * 3600
 
 
 def client_ip(request: HttpRequest) -> str:
@@ -47,6 +52,27 @@ def with_retry_after(response: HttpResponse, exc: ApplicationError | None) -> Ht
     for name, value in (retry_after_header(exc) if exc is not None else {}).items():
         response[name] = value
     return response
+
+
+def mark_known_browser(response: HttpResponse, user: User) -> HttpResponse:
+    """After a complete login: a signed mark that this browser knows this account (see ``login_view``)."""
+    mark = signing.dumps({"u": str(user.pk), "n": secrets.token_urlsafe(16)}, salt=KNOWN_BROWSER_SALT)
+    response.set_cookie(KNOWN_BROWSER_COOKIE, mark, max_age=KNOWN_BROWSER_MAX_AGE, httponly=True,
+                        secure=settings.SESSION_COOKIE_SECURE, samesite="Lax")
+    return response
+
+
+def known_browser(request: HttpRequest, username: str) -> str:
+    """The id of this browser's mark when it last logged in as ``username``; ``""`` otherwise."""
+    try:
+        mark = signing.loads(request.COOKIES.get(KNOWN_BROWSER_COOKIE, ""), salt=KNOWN_BROWSER_SALT,
+                             max_age=KNOWN_BROWSER_MAX_AGE)
+    except signing.BadSignature:
+        return ""
+    if not isinstance(mark, dict) or not mark.get("n"):
+        return ""
+    same = User.objects.filter(pk=mark.get("u"), **{User.USERNAME_FIELD: username}).exists()
+    return str(mark["n"]) if same else ""
 
 
 def _next_url(request: HttpRequest) -> str:
@@ -74,7 +100,11 @@ def login_view(request: HttpRequest) -> HttpResponse:
     refused = None
     if request.method == "POST" and form.is_valid():
         username = form.cleaned_data["username"]
-        limits = ((ratelimit.LOGIN_PER_ACCOUNT, username), (ratelimit.LOGIN_PER_ADDRESS, client_ip(request)))
+        # A browser this account logged in from before has its own counter instead of the account's, so
+        # someone guessing the password elsewhere cannot lock the owner out of their own browser.
+        browser = known_browser(request, username)
+        account = (ratelimit.LOGIN_PER_KNOWN_BROWSER, browser) if browser else (ratelimit.LOGIN_PER_ACCOUNT, username)
+        limits = (account, (ratelimit.LOGIN_PER_ADDRESS, client_ip(request)))
         if refused := ratelimit.refusal(*limits):
             form.add_error(None, refused.detail)
             status = 429
@@ -88,8 +118,8 @@ def login_view(request: HttpRequest) -> HttpResponse:
                 return redirect(f"{reverse('accounts:login_otp')}?{urlencode({'next': next_url})}")
             else:
                 auth_login(request, user)
-                ratelimit.reset((ratelimit.LOGIN_PER_ACCOUNT, username))
-                return redirect(next_url)
+                ratelimit.reset((ratelimit.LOGIN_PER_ACCOUNT, username), account)
+                return mark_known_browser(redirect(next_url), user)
     return with_retry_after(
         render(request, "accounts/login.html", {"form": form, "next": next_url}, status=status), refused)
 
@@ -137,7 +167,7 @@ def login_otp_view(request: HttpRequest) -> HttpResponse:
                                 (ratelimit.LOGIN_PER_ACCOUNT, user.get_username()))
                 if isinstance(device, BackupCodeDevice):
                     messages.warning(request, f"Backup code used. {device.remaining()} left.")
-                return redirect(next_url)
+                return mark_known_browser(redirect(next_url), user)
     return with_retry_after(
         render(request, "accounts/login_otp.html", {"form": form, "next": next_url}, status=status), refused)
 

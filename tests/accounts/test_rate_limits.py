@@ -10,7 +10,7 @@ from django.core.cache import cache
 from django.http import HttpResponse
 from django.test import Client
 
-from ai1net.accounts import ratelimit, services
+from ai1net.accounts import ratelimit, services, views
 from ai1net.accounts.models import AuditEntry
 from ai1net.accounts.ratelimit import Limit
 from ai1net.exceptions import RateLimited
@@ -107,6 +107,35 @@ def test_login_lock_ends_with_its_window(client, user, password, shrink):
     assert password_step(client, "alice", password).status_code == 429  # refused before any hashing
     wait_until(lambda: password_step(client, "alice", password).status_code == 302, timeout=15,
                message="the login lock to end")
+
+
+def _known_to(user) -> Client:
+    """A fresh browser carrying the mark a complete login as ``user`` leaves."""
+    browser = Client()
+    marked = views.mark_known_browser(HttpResponse(), user)
+    browser.cookies[views.KNOWN_BROWSER_COOKIE] = marked.cookies[views.KNOWN_BROWSER_COOKIE].value
+    return browser
+
+
+def test_a_browser_the_account_used_before_is_not_locked_out_by_others_guesses(user, password, other_user,
+                                                                                shrink):
+    account = shrink("LOGIN_PER_ACCOUNT", limit=2)
+    for _ in range(account.limit):  # someone elsewhere guessed alice's password
+        ratelimit.fail((account, "alice"))
+    assert password_step(Client(), "alice", password).status_code == 429
+    assert password_step(_known_to(other_user), "alice", password).status_code == 429, "mallory's mark is no key"
+    response = password_step(_known_to(user), "alice", password)
+    assert response.status_code == 302, "alice's own browser logs in"
+    assert response.cookies[views.KNOWN_BROWSER_COOKIE].value, "a complete login renews the mark"
+
+
+def test_a_known_browser_has_a_limit_of_its_own(user, shrink):
+    browser_limit = shrink("LOGIN_PER_KNOWN_BROWSER", limit=2)
+    browser = _known_to(user)
+    for _ in range(browser_limit.limit):
+        assert password_step(browser, "alice", "wrong").status_code == 200
+    assert password_step(browser, "alice", "wrong").status_code == 429
+    assert ratelimit.count(ratelimit.LOGIN_PER_ACCOUNT, "alice") == 0, "its failures lock only that browser"
 
 
 def test_code_lockout_counts_backup_codes_and_names_the_wait(client, user, password, shrink, settings):
