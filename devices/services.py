@@ -583,6 +583,10 @@ def outbox_ack(*, device_id: Any, seq: int, after: int = 0) -> None:
     params = {"now": acked_at.get_db_prep_save(timezone.now(), conn), "seq": seq, "after": after,
               "device": Device._meta.pk.get_db_prep_value(device_id, conn)}
     with transaction.atomic(), conn.cursor() as cursor:
+        if conn.vendor == "postgresql":
+            # An ack may be lost in a database crash without harm: the items are sent again and the device
+            # skips what it applied (by seq). So its commit does not wait for the WAL flush (~3 ms here).
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
         for sql, names in _ack_statements(conn):
             cursor.execute(sql, [params[name] for name in names])
 

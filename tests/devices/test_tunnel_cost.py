@@ -41,8 +41,9 @@ class Statements:
 
 
 def work(sql: list[str]) -> list[str]:
-    """The statements that read or write (not BEGIN / SAVEPOINT / RELEASE of a transaction)."""
-    return [s for s in sql if not s.lstrip().upper().startswith(("BEGIN", "SAVEPOINT", "RELEASE"))]
+    """The statements that read or write (not BEGIN / SAVEPOINT / RELEASE of a transaction, nor the SET LOCAL
+    of an ack's commit mode on PostgreSQL)."""
+    return [s for s in sql if not s.lstrip().upper().startswith(("BEGIN", "SAVEPOINT", "RELEASE", "SET LOCAL"))]
 
 
 @pytest.fixture
