@@ -22,6 +22,8 @@ TUNNEL_PATH = "/ws/device"
 # Limits. A frame larger than this is refused by both sides.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 DEFAULT_HEARTBEAT_SEC = 20
+# Outbox sequence numbers (ack, ackedSeq) are 64-bit signed integers in the database: a larger one is refused.
+MAX_SEQ = 2 ** 63 - 1
 # A peer that sent nothing for HEARTBEAT_MISSES * heartbeatSec is closed with CLOSE_HEARTBEAT_TIMEOUT.
 HEARTBEAT_MISSES = 3
 

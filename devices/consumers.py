@@ -133,8 +133,8 @@ def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
     if params.get("kind") not in (None, device.kind):
         raise ValueError(f"this token belongs to a {device.kind}, not a {params.get('kind')}")
     acked = params.get("ackedSeq", 0)
-    if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
-        raise ValueError("ackedSeq must be a non-negative integer")
+    if not isinstance(acked, int) or isinstance(acked, bool) or not 0 <= acked <= protocol.MAX_SEQ:
+        raise ValueError(f"ackedSeq must be an integer from 0 to {protocol.MAX_SEQ}")
     capabilities = params.get("capabilities") or []
     roots = params.get("roots") or []
     ports = params.get("ports") or []
@@ -392,8 +392,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def _on_ack(self, params: dict[str, Any]) -> None:
         seq = params.get("seq")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-            await self._bad_frame(None, protocol.INVALID_PARAMS, "ack needs {seq: non-negative integer}")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= protocol.MAX_SEQ:
+            await self._bad_frame(None, protocol.INVALID_PARAMS,
+                                  f"ack needs {{seq: integer from 0 to {protocol.MAX_SEQ}}}")
             return
         if seq <= self.acked:
             return

@@ -20,7 +20,6 @@ The pull re-reads the outbox every ``DEVICE_LONGPOLL_TICK_SEC`` (the doorbell is
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from typing import Any
@@ -62,7 +61,9 @@ def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     if declared > frame.max or len(raw) > frame.max:
         return _error(413, "too_large", f"body is too large: at most {frame.max} {frame.unit} ({frame.what}).")
     try:
-        body = json.loads(raw or b"{}")
+        body = protocol.loads(raw or b"{}")  # NaN, Infinity: not JSON (as on the tunnel)
+    except RecursionError:  # deeper than the parser goes
+        return _error(400, "parse_error", "the body is nested too deeply")
     except ValueError:
         return _error(400, "parse_error", "the body is not JSON")
     if not isinstance(body, dict):
@@ -125,8 +126,8 @@ async def pull(request: HttpRequest) -> JsonResponse:
         return checked
     device, body = checked
     acked = body.get("ackedSeq", 0)
-    if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
-        return _error(400, "invalid_params", "ackedSeq must be a non-negative integer")
+    if not isinstance(acked, int) or isinstance(acked, bool) or not 0 <= acked <= protocol.MAX_SEQ:
+        return _error(400, "invalid_params", f"ackedSeq must be an integer from 0 to {protocol.MAX_SEQ}")
     poll_channel = f"{LONGPOLL_PREFIX}{secrets.token_hex(8)}"
     try:
         if acked:

@@ -60,6 +60,12 @@ def _plausible(session: str, question: str) -> dict[str, Any]:
                            "options": [{"label": "A", "description": "a"}, {"label": "B", "description": "b"}]}]}
 
 
+# What the protocol's own notifications carry, right but for a field (ack {seq}, web.* {stream, seq, ...}).
+notification_params = st.builds(
+    lambda overrides: {"seq": 1, "stream": "s1", "status": 200, "headers": [], "data": "", "bytes": 1, **overrides},
+    st.dictionaries(st.sampled_from(["seq", "stream", "status", "headers", "data", "bytes", "code", "reason",
+                                     "text", "end", "body", "subprotocol"]),
+                    extreme_ints | scalars | json_values, min_size=1, max_size=3))
 hostile_field = nasty_text | oversize_text | scalars | json_values | near_valid_questions()
 plausible_params = st.builds(
     lambda session, question, overrides: {**_plausible(session, question), **overrides},

@@ -37,3 +37,51 @@ def test_text_no_database_can_store_is_refused_by_name(user, request_id, params,
     assert response["error"]["data"]["field"] == field
     assert field in response["error"]["message"]
     assert not DeviceRequest.objects.exists()
+
+
+@pytest.fixture
+def poller(user, settings):
+    from django.test import Client
+
+    settings.DEVICE_LONGPOLL_HOLD_SEC = 0
+    _, token = services.device_create(owner=user, name="poller", kind="bridge")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pull_acking_past_a_64_bit_seq_is_400_not_500(poller):
+    """The database's seq is 64-bit: SQLite raised OverflowError, PostgreSQL a DataError (both 500)."""
+    response = poller.post("/api/devices/bridge/pull", {"ackedSeq": 2**63}, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_params" and "ackedSeq" in response.json()["detail"]
+    response = poller.post("/api/devices/bridge/pull", {"ackedSeq": 2**63 - 1}, content_type="application/json")
+    assert response.status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["/api/devices/bridge/pull", "/api/devices/bridge/push"])
+def test_a_long_poll_body_nested_past_the_parser_is_400_not_500(poller, path):
+    response = poller.post(path, "[" * 100_000 + "]" * 100_000, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json() == {"error": "parse_error", "detail": "the body is nested too deeply"}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_tunnel_ack_and_hello_past_a_64_bit_seq_are_refused(user, error_log):
+    from asgiref.sync import sync_to_async
+
+    from tests.devices.tunnel_support import Device as FakeDevice
+
+    _, token = await sync_to_async(services.device_create)(owner=user, name="laptop", kind="bridge")
+    dev = FakeDevice(token)
+    await dev.open()
+    await dev.send(protocol.request(protocol.HELLO, {"protocolVersion": 1, "ackedSeq": 2**63}, "h1"))
+    reply = await dev.wait_for(lambda m: m.get("id") == "h1")
+    assert reply["error"]["code"] == protocol.INVALID_PARAMS and "ackedSeq" in reply["error"]["message"]
+    await dev.hello()
+    await dev.ack(2**63)  # was written as is: an OverflowError / DataError logged by the ack flush
+    reply = await dev.wait_for(lambda m: "error" in m)
+    assert reply["error"]["code"] == protocol.INVALID_PARAMS and "seq" in reply["error"]["message"]
+    assert (await dev.call("devices.ping", {}))["result"]["pong"] is True
+    await dev.close()
+    assert not error_log.since(0)

@@ -143,8 +143,7 @@ def test_every_registered_method_is_fuzzed():
 
 
 @pytest.mark.parametrize("method", PRODUCT_METHODS)
-@SHARED_FIXTURE
-@settings(max_examples=30)  # per method: the methods together are what one fuzz file may cost
+@settings(SHARED_FIXTURE, max_examples=30)  # per method: together they are what one fuzz file may cost
 @given(params=hs.any_params, request_id=hs.request_ids)
 def test_registered_method_with_hostile_params(tunnel, error_log, method, params, request_id):
     mark = len(error_log.records)
@@ -169,7 +168,8 @@ def test_registered_method_with_hostile_params(tunnel, error_log, method, params
 
 
 @SHARED_FIXTURE
-@given(method=st.sampled_from(PROTOCOL_NOTIFICATIONS) | hs.nasty_text.filter(bool), params=hs.any_params)
+@given(method=st.sampled_from(PROTOCOL_NOTIFICATIONS) | hs.nasty_text.filter(bool),
+       params=hs.notification_params | hs.any_params)
 def test_notifications_with_hostile_params(tunnel, error_log, method, params):
     mark = len(error_log.records)
     frame = hs.dumps({"jsonrpc": "2.0", "method": method, "params": params})
