@@ -18,7 +18,7 @@ VENDOR_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "tests")
 ROOT = Path(__file__).resolve().parent
 # What runs on every hook event (``python -I -S ai1net-bridge.pyz … hook``): shipped compiled as well.
 HOT_MODULES = {"ai1net-bridge": ("clients.__init__", "clients.bridge.__init__", "clients.bridge.__main__",
-                                 "clients.bridge.hook")}
+                                 "clients.bridge.hook", "clients.bridge.permission_hook")}
 
 
 def build(out_dir: Path) -> list[Path]:

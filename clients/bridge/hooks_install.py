@@ -56,7 +56,7 @@ def default_launcher() -> str:
 
 
 HOOK_MODULES = ("clients/__init__.py", "clients/bridge/__init__.py", "clients/bridge/__main__.py",
-                "clients/bridge/hook.py")  # what run_hook.py and `-m clients.bridge … hook` import
+                "clients/bridge/hook.py", "clients/bridge/permission_hook.py")  # what a hook call imports
 
 
 def precompile_hook() -> List[str]:

@@ -55,9 +55,30 @@ def decision_output(event_name: str, decision: str, reason: str = "", remembered
     }
 
 
-def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
-    from clients import permission  # hashlib and json: only on this path
+def input_hash(tool_input: Any) -> str:
+    """``clients.permission.input_hash`` from the C halves of json and sha256: importing ``json``,
+    ``hashlib`` and ``clients.limits`` cost the hook 20-45 ms before it could ask the phone."""
+    try:
+        from _json import encode_basestring, make_encoder
 
+        try:
+            from _sha256 import sha256  # Python <= 3.11
+        except ImportError:
+            from _sha2 import sha256  # type: ignore[no-redef]  # Python >= 3.12
+    except ImportError:  # no C accelerators (another Python): the plain modules
+        from clients import permission
+
+        return permission.input_hash(tool_input)
+
+    def refuse(value: Any) -> Any:
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    # The settings of permission.canonical: sorted keys, no spaces, UTF-8 kept, no NaN.
+    encode = make_encoder(None, refuse, encode_basestring, None, ":", ",", True, False, False)
+    return sha256("".join(encode(tool_input, 0)).encode("utf-8")).hexdigest()
+
+
+def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
     name = event.get("hook_event_name")
     tool_name = event.get("tool_name")
     tool_input = event.get("tool_input")
@@ -65,7 +86,7 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
         return None
     if not isinstance(tool_input, dict):
         return None
-    expected = permission.input_hash(tool_input)
+    expected = input_hash(tool_input)
     deadline = time.monotonic() + window
     asked = daemon.post(
         "permission-request",
@@ -112,8 +133,12 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
     decision = result.get("decision")
     if decision not in ("allow", "allow_session", "deny") or result.get("input_hash") != expected:
         return None  # not a decision for this very input: the desktop asks
-    reason = str(result.get("reason") or permission.DEFAULT_DENY_REASON)
-    return decision_output(str(name), str(decision), reason, remembered=bool(result.get("remembered")))
+    reason = result.get("reason")
+    if not reason:
+        from clients import permission
+
+        reason = permission.DEFAULT_DENY_REASON
+    return decision_output(str(name), str(decision), str(reason), remembered=bool(result.get("remembered")))
 
 
 class DeskWatch:
@@ -149,9 +174,7 @@ class DeskWatch:
 
     def _scan(self) -> tuple:
         """(ids of matching tool_use blocks, {tool_use_id: is_error} of tool_result blocks) in the tail."""
-        import json
-
-        from clients import permission
+        from clients.bridge.hook import loads
 
         with open(self.path, "rb") as handle:
             handle.seek(self.offset)
@@ -159,7 +182,7 @@ class DeskWatch:
         calls, results = [], {}
         for line in data.splitlines():
             try:
-                entry = json.loads(line)
+                entry = loads(line)
             except ValueError:
                 continue  # the first line of a tail, or one being written
             message = entry.get("message") if isinstance(entry, dict) else None
@@ -169,7 +192,7 @@ class DeskWatch:
                     continue
                 if (block.get("type") == "tool_use" and block.get("name") == self.tool_name
                         and isinstance(block.get("input"), dict)
-                        and permission.input_hash(block["input"]) == self.input_hash):
+                        and input_hash(block["input"]) == self.input_hash):
                     calls.append(block.get("id"))
                 elif block.get("type") == "tool_result":
                     results[block.get("tool_use_id")] = bool(block.get("is_error"))

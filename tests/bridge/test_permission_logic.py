@@ -320,3 +320,21 @@ async def _reports(bridge, method):
             return bridge.tunnel.params(method)
         await asyncio.sleep(0.01)
     raise AssertionError(f"{method} not reported: {bridge.tunnel.calls}")
+
+
+@pytest.mark.parametrize("tool_input", [
+    {"command": "ls -la", "description": "list"},
+    {"file_path": "/tmp/é.py", "old_string": "a\n\tb \"q\" \\", "new_string": "日本語 \u2028 😀", "replace_all": False},
+    {"z": [1, 2.5, -0.0, 1e300, None, True, {"b": 1, "a": [{}]}], "a": {"y": "", "x": 10**30}},
+    {},
+])
+def test_the_hooks_own_hash_is_the_platforms(tool_input):
+    # The hook hashes with the C halves of json and sha256 (no json/hashlib import on its way to the phone).
+    assert permission_hook.input_hash(tool_input) == permission.input_hash(tool_input)
+
+
+def test_the_hooks_own_hash_refuses_what_json_cannot_hold():
+    with pytest.raises((TypeError, ValueError)):
+        permission_hook.input_hash({"x": float("nan")})
+    with pytest.raises(TypeError):
+        permission_hook.input_hash({"x": object()})
