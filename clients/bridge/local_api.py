@@ -20,9 +20,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Optional
 
+from clients import protocol
+
 log = logging.getLogger("ai1net.bridge.local_api")
 
 MAX_BODY_BYTES = 1024 * 1024
+MAX_WAIT_SEC = 3600.0  # the longest "timeout" of a request body that the call waits for
 SECRET_HEADER = "X-AI1NET-Secret"
 Backend = Callable[[str, Dict[str, Any]], Awaitable[Dict[str, Any]]]
 
@@ -102,8 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             raw = self.rfile.read(length) if length else b"{}"
             try:
-                body = json.loads(raw)
-            except ValueError:
+                body = protocol.loads(raw)  # NaN and Infinity are not JSON
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
                 self._reply(400, {"error": "bad_json"})
                 return
             if not isinstance(body, dict):
@@ -207,7 +210,9 @@ class LocalApi:
     def call(self, route: str, body: Dict[str, Any]) -> Dict[str, Any]:
         assert self.loop is not None
         wait = body.get("timeout")
-        limit = self.call_timeout + (float(wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
+        # Capped: the backend waits at most a minute anyway, and a wait of 1e300 s overflowed the clock (a 500).
+        limit = self.call_timeout + (min(float(wait), MAX_WAIT_SEC) if isinstance(wait, (int, float)) and wait > 0
+                                     else 0)
         future = asyncio.run_coroutine_threadsafe(self.backend(route, body), self.loop)
         try:
             return future.result(timeout=limit)

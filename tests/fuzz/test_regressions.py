@@ -85,3 +85,25 @@ async def test_tunnel_ack_and_hello_past_a_64_bit_seq_are_refused(user, error_lo
     assert (await dev.call("devices.ping", {}))["result"]["pong"] is True
     await dev.close()
     assert not error_log.since(0)
+
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    (b'{"timeout": 1e300}', 200),  # LocalApi.call waited timeout + 60 s: past the clock's range, a 500
+    (b'{"timeout": Infinity}', 400),  # not JSON
+    (b"[" * 100_000 + b"]" * 100_000, 400),  # the parser's RecursionError killed the request thread: no answer
+])
+def test_bridge_api_huge_timeout_or_deep_nesting_is_no_500(tmp_path, error_log, body, status):
+    import json
+
+    from tests.fuzz.test_bridge_api_fuzz import Daemon
+
+    daemon = Daemon(tmp_path)
+    try:
+        answer = daemon.request("POST", "/v1/health", body, daemon.good_headers(body))
+        assert answer[0] == status, answer
+        assert status == 200 or json.loads(answer[1]) == {"error": "bad_json"}
+        assert daemon.healthy()
+    finally:
+        daemon.stop()
+    assert not error_log.since(0)
