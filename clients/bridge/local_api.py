@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +27,10 @@ log = logging.getLogger("ai1net.bridge.local_api")
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_WAIT_SEC = 3600.0  # the longest "timeout" of a request body that the call waits for
+# A request's line, headers and body must all arrive within this; a client that sends them a byte at a time
+# (slowloris) or goes quiet is cut off, so it cannot hold a thread and a socket for ever. The hook sends
+# its request in one write.
+REQUEST_READ_SEC = 5.0
 SECRET_HEADER = "X-AI1NET-Secret"
 Backend = Callable[[str, Dict[str, Any]], Awaitable[Dict[str, Any]]]
 
@@ -70,6 +75,27 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "ai1net-bridge"
     sys_version = ""
+    timeout = REQUEST_READ_SEC  # set on the socket: a silent (or idle keep-alive) client is closed
+    _reading = False
+
+    def handle_one_request(self) -> None:
+        # The socket timeout counts from the last byte; this deadline counts from the request's first.
+        self._reading = True
+        deadline = threading.Timer(REQUEST_READ_SEC, self._cut_off)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().handle_one_request()
+        finally:
+            deadline.cancel()
+
+    def _cut_off(self) -> None:
+        if self._reading:
+            log.debug("local api: request not read within %s s; connection closed", REQUEST_READ_SEC)
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         log.debug("local api: " + format, *args)
@@ -112,6 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 self._reply(400, {"error": "bad_json"})
                 return
+        self._reading = False  # read whole: the backend may take its time
         path = self.path.split("?", 1)[0]
         if not path.startswith("/v1/"):
             self._reply(404, {"error": "not_found"})
