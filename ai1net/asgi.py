@@ -30,8 +30,10 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from ai1net import http_guard  # noqa: E402
 from ai1net.hosts import websocket_host_guard  # noqa: E402
 from clients import protocol  # noqa: E402
 
@@ -67,6 +69,11 @@ def tunnel_message_limit(app: Any, size: int = protocol.MAX_FRAME_BYTES) -> Any:
 
     return wrapped
 
+
+# Under daphne: slowloris and oversized bodies are cut off before they reach the app (ai1net.http_guard).
+http_guard.install(head_timeout=settings.HTTP_HEAD_TIMEOUT_SEC, min_body_rate=settings.HTTP_MIN_BODY_RATE,
+                   max_body=max(settings.DEVICE_WEB_MAX_REQUEST_BYTES, protocol.MAX_FRAME_BYTES,
+                                settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0))
 
 browser_websockets = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(_collect("websocket_urlpatterns"))))
 

@@ -105,6 +105,11 @@ DEVICE_WEB_FIRST_BYTE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_FIRST_BYTE_S
 DEVICE_WEB_IDLE_SEC = float(os.environ.get("AI1NET_DEVICE_WEB_IDLE_SEC", "300"))
 DEVICE_WEB_MAX_REQUEST_BYTES = int(os.environ.get("AI1NET_DEVICE_WEB_MAX_REQUEST_BYTES", str(64 * 1024 * 1024)))
 DEVICE_WEB_WS_BUFFER_BYTES = 4 * 1024 * 1024  # browser frames waiting for the device's credit
+# Slow and oversized HTTP requests on daphne (ai1net.http_guard): a request's line and headers must arrive
+# within this (0: off), a declared body at HTTP_MIN_BODY_RATE bytes/s on average; a larger body than any
+# route takes gets 413 unread.
+HTTP_HEAD_TIMEOUT_SEC = float(os.environ.get("AI1NET_HTTP_HEAD_TIMEOUT_SEC", "10"))
+HTTP_MIN_BODY_RATE = 16 * 1024
 # A device-web request served by the process that holds the device's tunnel skips the channel layer
 # (devices.web.streams.LocalLink); 0 sends every stream through the layer (tests of that path).
 DEVICE_WEB_IN_PROCESS = env_bool("AI1NET_DEVICE_WEB_IN_PROCESS", True)
