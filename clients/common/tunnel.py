@@ -33,6 +33,8 @@ log = logging.getLogger("ai1net.tunnel")
 
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
+RECONNECT_SPREAD_SEC = 5.0  # the jitter window of a reconnect: the fleet's declared spread
+FLAT_ATTEMPTS = 6  # tries within the spread (about 15 s of a platform restart) before the window doubles
 CLOSE_ABNORMAL = 1006  # websockets' code for a connection lost without a close frame
 ACK_EVERY = 100  # while items keep arriving, ack at least this often (one ack covers all before it)
 LONGPOLL_AFTER = 3  # failed WebSocket connects in a row before falling back to long polling
@@ -83,9 +85,16 @@ class MethodNotFound(RequestError):
         super().__init__(f"unknown method {method!r}", code=protocol.METHOD_NOT_FOUND)
 
 
-def backoff_delay(attempt: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP, rng=random.random) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**attempt)) so a fleet of devices doesn't reconnect in step."""
-    return rng() * min(cap, base * (2 ** min(attempt, 32)))
+def backoff_delay(attempt: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP,
+                  spread: float = RECONNECT_SPREAD_SEC, rng=random.random) -> float:
+    """Full jitter: uniform in [0, window), the window never over ``cap``. It is ``spread`` for the first
+    ``FLAT_ATTEMPTS`` tries, then doubles: a fleet that lost the platform together (a restart) comes back
+    spread over ``spread`` seconds (about 2 N / spread tries a second for N devices, README "Reconnects")
+    with none waiting long, and a longer outage is tried less and less often. With no spread (tests),
+    the window is ``base * 2**attempt``."""
+    attempt = min(attempt, 32)
+    window = spread * 2 ** max(0, attempt - FLAT_ATTEMPTS) if spread > 0 else base * 2**attempt
+    return rng() * min(cap, window)
 
 
 def tunnel_url(url: str) -> str:
@@ -123,6 +132,7 @@ class Tunnel:
         heartbeat_sec: Optional[float] = None,
         backoff_base: Optional[float] = None,
         backoff_cap: Optional[float] = None,
+        reconnect_spread: Optional[float] = None,
         open_timeout: float = 15.0,
         user_agent: str = "ai1net-client",
         longpoll: bool = False,
@@ -143,6 +153,9 @@ class Tunnel:
         if backoff_cap is None:
             backoff_cap = _env_float("AI1NET_BACKOFF_CAP", BACKOFF_CAP)
         self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
+        if reconnect_spread is None:
+            reconnect_spread = _env_float("AI1NET_RECONNECT_SPREAD_SEC", RECONNECT_SPREAD_SEC)
+        self.reconnect_spread = reconnect_spread
         self.open_timeout = open_timeout
         self.user_agent = user_agent
         # Construct inside the running loop (asyncio primitives bind to it on Python 3.9).
@@ -203,7 +216,7 @@ class Tunnel:
                 # keep backing off instead of taking the tunnel back at once, forever.
                 if established and close_code != protocol.CLOSE_REPLACED:
                     attempt = 0
-                delay = backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap)
+                delay = self._backoff(attempt)
                 attempt += 1
                 log.info("reconnecting in %.2fs", delay)
                 try:
@@ -259,6 +272,9 @@ class Tunnel:
         except ConnectionClosed:
             return False
         return True
+
+    def _backoff(self, attempt: int) -> float:
+        return backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap, spread=self.reconnect_spread)
 
     # --- one connection --------------------------------------------------------------------
     async def _connect_once(self) -> Tuple[bool, Optional[int]]:
@@ -486,7 +502,7 @@ class Tunnel:
                     log.warning("long poll to %s: %s", self._longpoll.base, exc)
                     if failures >= LONGPOLL_AFTER:
                         return False
-                    await self._pause(backoff_delay(failures, base=self.backoff_base, cap=self.backoff_cap))
+                    await self._pause(self._backoff(failures))
                     continue
                 if status == 401:
                     raise FinalCloseError(protocol.CLOSE_UNAUTHORIZED)
@@ -495,14 +511,14 @@ class Tunnel:
                 if status == 409:
                     # Another copy of this device polls: back off as a replaced WebSocket would.
                     failures += 1
-                    await self._pause(backoff_delay(failures, base=self.backoff_base, cap=self.backoff_cap))
+                    await self._pause(self._backoff(failures))
                     continue
                 if status != 200:
                     failures += 1
                     log.warning("long poll refused: HTTP %s %s", status, body.get("detail", ""))
                     if failures >= LONGPOLL_AFTER:
                         return False
-                    await self._pause(backoff_delay(failures, base=self.backoff_base, cap=self.backoff_cap))
+                    await self._pause(self._backoff(failures))
                     continue
                 failures = 0
                 if not self.connected.is_set() or self.mode != "longpoll":
@@ -579,7 +595,7 @@ class Tunnel:
                     "data": {"code": str(body.get("error") or "invalid_request")}}})
                 return
             attempt += 1
-            await self._pause(backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap))
+            await self._pause(self._backoff(attempt))
 
     def _fail_calls(self, exc: BaseException) -> None:
         for request_id in list(self._pending_calls):

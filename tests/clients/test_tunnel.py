@@ -70,12 +70,21 @@ def test_urls_map_http_to_ws_and_add_the_tunnel_path():
 
 
 def test_backoff_is_full_jitter_bounded_by_the_cap():
-    assert backoff_delay(0, base=0.5, cap=60, rng=lambda: 0.999) == pytest.approx(0.4995)
-    assert backoff_delay(3, base=0.5, cap=60, rng=lambda: 1.0) == 4.0
+    assert backoff_delay(0, base=0.5, cap=60, spread=0, rng=lambda: 0.999) == pytest.approx(0.4995)
+    assert backoff_delay(3, base=0.5, cap=60, spread=0, rng=lambda: 1.0) == 4.0
     assert backoff_delay(50, base=0.5, cap=60, rng=lambda: 1.0) == 60.0
     assert backoff_delay(50, base=0.5, cap=60, rng=lambda: 0.0) == 0.0
     delays = [backoff_delay(10, base=0.5, cap=60) for _ in range(200)]
     assert all(0 <= d < 60 for d in delays) and len(set(delays)) > 150
+
+
+def test_backoff_window_is_the_reconnect_spread_then_doubles():
+    # A fleet that lost the platform together comes back over the spread (5 s), not within 0.5 s, and
+    # none waits long through a restart; a long outage is tried less and less often.
+    assert [backoff_delay(n, rng=lambda: 1.0) for n in (0, 3, 6, 7, 8, 9, 10, 50)] == [5, 5, 5, 10, 20, 40, 60, 60]
+    assert backoff_delay(0, cap=1, rng=lambda: 1.0) == 1.0  # the cap still rules (tests set it low)
+    delays = [backoff_delay(0) for _ in range(2000)]
+    assert max(delays) < 5.0 and sum(d < 1.0 for d in delays) < 2000 * 0.3
 
 
 async def test_hello_resumes_from_the_applied_seq_with_the_token_in_the_header():
