@@ -49,7 +49,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 from django.conf import settings
 from django.utils import timezone
 
-from ai1net.exceptions import ApplicationError, RateLimited
+from ai1net.exceptions import ApplicationError, RateLimited, ValidationFailed
+from ai1net.limits import enforce_storable
 from clients import limits, protocol
 from devices import events, live, rpc, selectors, services, signals
 from devices.access import socket_otp_satisfied
@@ -154,6 +155,10 @@ def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
     for i, root in enumerate(roots):
         limits.check("hello.root", root, f"roots[{i}]")
     limits.check("hello.version", version_text, "version")
+    try:  # stored with the device: PostgreSQL refused a NUL here, and the consumer died of it
+        enforce_storable({"version": version_text, "capabilities": capabilities, "roots": roots}, "hello")
+    except ValidationFailed as exc:
+        raise ValueError(exc.detail) from None
     return {"protocolVersion": version, "kind": device.kind, "version": version_text,
             "capabilities": capabilities, "ports": ports, "roots": roots, "ackedSeq": acked}
 

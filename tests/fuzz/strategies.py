@@ -114,3 +114,11 @@ garbage_text = (
 )
 garbage_bytes = st.binary(max_size=300) | st.builds(lambda tail: b"\x01\x05" + tail, st.binary(max_size=40)) \
     | st.builds(lambda tail: b"\x02" + tail, st.binary(max_size=40))
+
+# hello as a device sends it, right but for a field or two.
+hello_params = st.builds(
+    lambda overrides: {"protocolVersion": 1, "kind": "bridge", "version": "0.1", "capabilities": ["mobile"],
+                       "ports": [], "roots": [], "ackedSeq": 0, **overrides},
+    st.dictionaries(st.sampled_from(["protocolVersion", "kind", "version", "capabilities", "ports", "roots",
+                                     "ackedSeq"]),
+                    hostile_field | st.lists(nasty_text | extreme_ints, min_size=1, max_size=3), min_size=1, max_size=2))

@@ -107,3 +107,25 @@ def test_bridge_api_huge_timeout_or_deep_nesting_is_no_500(tmp_path, error_log, 
     finally:
         daemon.stop()
     assert not error_log.since(0)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("extra", "field"), [({"roots": ["/a\x00b"]}, "hello.roots[0]"),
+                                              ({"capabilities": ["m\x00"]}, "hello.capabilities[0]"),
+                                              ({"version": "1\x00"}, "hello.version"),
+                                              ({"roots": ["/\ud800"]}, "hello.roots[0]")])
+async def test_a_hello_with_text_no_database_can_store_is_refused_by_name(user, error_log, extra, field):
+    """PostgreSQL refused the hello's write (roots, capabilities, version are stored): the consumer died of it."""
+    from asgiref.sync import sync_to_async
+
+    from tests.devices.tunnel_support import Device as FakeDevice
+
+    _, token = await sync_to_async(services.device_create)(owner=user, name="laptop", kind="bridge")
+    dev = FakeDevice(token)
+    await dev.open()
+    await dev.send(protocol.request(protocol.HELLO, {"protocolVersion": 1, "kind": "bridge", **extra}, "h1"))
+    reply = await dev.wait_for(lambda m: m.get("id") == "h1")
+    assert reply["error"]["code"] == protocol.INVALID_PARAMS and field in reply["error"]["message"], reply
+    await dev.hello()  # the same connection takes a good one
+    await dev.close()
+    assert not error_log.since(0)

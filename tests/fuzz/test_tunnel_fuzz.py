@@ -188,7 +188,7 @@ def test_garbage_frames_are_refused_and_the_tunnel_lives(tunnel, error_log, fram
 
 
 @SHARED_FIXTURE
-@given(params=hs.any_params)
+@given(params=hs.hello_params | hs.any_params)
 def test_hostile_hello_is_refused_and_a_good_one_still_works(user, error_log, params):
     """Before hello: a refused hello leaves the connection waiting for a good one."""
     mark = len(error_log.records)
