@@ -528,7 +528,9 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
     device's connection when it lives in this process: ``devices.live``)."""
     if not items:
         return []
-    with transaction.atomic():
+    # No savepoint inside the caller's transaction (two round trips fewer per answer on PostgreSQL):
+    # a failure here fails the caller's whole transaction, and no caller goes on after one.
+    with transaction.atomic(savepoint=False):
         end, channel_name = _allocate_seqs(device.pk, len(items))
         first = end - len(items)
         now = timezone.now()

@@ -284,3 +284,16 @@ def test_one_by_reads_what_the_orm_reads(bridge, django_assert_num_queries):
         getattr(reference, f.attname) for f in AgentSession._meta.concrete_fields]
     assert again.questions == question.questions and again.expires_at == question.expires_at
     assert selectors.one_by(AgentSession, device=bridge, session_id="nope") is None
+
+
+@pytest.mark.django_db
+def test_an_answer_is_one_transaction_without_savepoints_of_its_own(bridge, mobile_user, django_assert_max_num_queries):
+    """Every SAVEPOINT is two more round trips to PostgreSQL on the phone's wait: the answer's nested writes
+    (outbox, room message, audit) join its transaction instead."""
+    question, nonce = ask(bridge)
+    with django_assert_max_num_queries(20) as captured:
+        services.answer_submit(actor=mobile_user, question_id=question.pk, nonce=nonce,
+                               answers={question.questions[0]["question"]: question.questions[0]["options"][0]["label"]})
+    savepoints = [q["sql"] for q in captured.captured_queries if q["sql"].lstrip().upper().startswith("SAVEPOINT")]
+    # Under pytest-django the test's own transaction makes the answer's atomic block one savepoint.
+    assert len(savepoints) == 1, savepoints
