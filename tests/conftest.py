@@ -6,11 +6,24 @@ import shutil
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.cache import cache
 
 # System programs that tests of a marker need, with the Debian package that provides each (`make deps`
 # installs them). A missing one stops the run before any test with one line, never a silent skip.
 SYSTEM_PROGRAMS = {"browser": ("chromium", "chromium"), "ripgrep": ("rg", "ripgrep")}
+
+
+class QuickPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """PBKDF2 with few iterations for the users tests make (Django's default took 0.4-1 s per password, on
+    every ``user`` fixture). The same algorithm name: the iteration count travels in the hash, so the real
+    daphne processes that end-to-end tests start, on the default hasher, still verify these passwords."""
+
+    iterations = 1_000
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.PASSWORD_HASHERS = ["tests.conftest.QuickPBKDF2PasswordHasher", *settings.PASSWORD_HASHERS]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
