@@ -241,10 +241,12 @@ def post_answer(session: httpx.Client, pending: dict, n: int) -> int:
     return session.post("/api/mobile/answer", json=answer_body(pending, n), headers=csrf(session)).status_code
 
 
-def tally(desk: Desk, outputs: dict[int, dict | None], sent: int) -> dict[str, int]:
-    """sent / delivered (the hook printed its own answer) / duplicated (a question taken more than once, or
-    a hook given another question's answer) / lost, from the hooks' outputs and the bridge's audit log;
-    retaken: takes handed again to a hook whose reply died with the daemon (printed, not a duplicate)."""
+def tally(desk: Desk, outputs: dict[int, dict | None], sent: int, *, kills: int = 0) -> dict[str, int]:
+    """sent / delivered (the hook printed its own answer) / duplicated (a hook given another question's
+    answer, or a question taken more often than the daemon was killed allows) / lost, from the hooks'
+    outputs and the bridge's audit log. The take is audited before it is stored, so a daemon killed
+    between the two logs a take whose reply never left: at most one extra per kill (`take_audits_extra`).
+    retaken: a stored take handed again to a hook whose reply died with the daemon."""
     delivered = wrong = 0
     for n, output in outputs.items():
         answers = (output or {}).get("hookSpecificOutput", {}).get("updatedInput", {}).get("answers")
@@ -253,10 +255,10 @@ def tally(desk: Desk, outputs: dict[int, dict | None], sent: int) -> dict[str, i
         elif answers:
             wrong += 1
     takes = Counter(entry["question_id"] for entry in desk.audit() if entry["event"] == "question.take")
-    duplicated = sum(count - 1 for count in takes.values()) + wrong
+    extra = sum(count - 1 for count in takes.values())
     retaken = sum(1 for entry in desk.audit() if entry["event"] == "question.take_again")
-    return {"sent": sent, "delivered": delivered, "duplicated": duplicated, "lost": sent - delivered,
-            "retaken": retaken}
+    return {"sent": sent, "delivered": delivered, "duplicated": wrong + max(0, extra - kills),
+            "lost": sent - delivered, "retaken": retaken, "take_audits_extra": extra}
 
 
 def summary(name: str, counts: dict[str, Any]) -> str:

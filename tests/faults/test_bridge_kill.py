@@ -58,7 +58,7 @@ def test_bridge_killed_mid_delivery_and_restarted_gives_each_answer_once(tmp_pat
         outputs = {n: future.result(90) for n, future in hooks.items()}
         # The hooks find the new daemon at once (a full accept queue once held them back ~25 s).
         last_hook_s = time.monotonic() - answered_at
-        counts = tally(desk, outputs, SENT)
+        counts = tally(desk, outputs, SENT, kills=1)
         summary("bridge kill -9", {**counts, "applied_at_kill": applied_at_kill, "posted_at_kill": posted_at_kill,
                                   "last_hook_after_last_answer_s": round(last_hook_s, 2)})
         assert statuses == [200] * SENT

@@ -1,7 +1,7 @@
 """Fault: the daphne process's PostgreSQL connections are dropped (pg_terminate_backend) under load.
 Requests caught by a dead connection must fail cleanly (a 5xx with the JSON error body, never a
-traceback page) and the next ones must succeed, with no restart. Only the backends of this test's
-database are terminated, never this process's own or another database's.
+traceback page) and the next ones must succeed, with no restart. Only the daphne process's backends
+(told by their application_name) of this test's database are terminated.
 """
 
 from __future__ import annotations
@@ -25,18 +25,21 @@ KILLS = 3
 PATHS = ("/api/devices", "/api/mobile/pending", "/api/mobile/state")
 
 
+APP_NAME = "ai1net-faults-daphne"  # libpq's PGAPPNAME: how the daphne's backends are told from ours
+
+
 def terminate_backends() -> int:
-    """Drop every connection to this test's database but this process's own."""
+    """Drop the daphne process's connections to this test's database (not this process's pool)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                       "WHERE datname = current_database() AND application_name = %s", [APP_NAME])
         return int(cursor.fetchone()[0])
 
 
 def test_dropped_database_connections_fail_cleanly_and_the_next_requests_succeed(tmp_path, user, password):
     user.mobile_reply_enabled = True
     user.save(update_fields=["mobile_reply_enabled"])
-    server = Daphne(tmp_path)
+    server = Daphne(tmp_path, PGAPPNAME=APP_NAME)
     results: list[tuple[float, int, str, str]] = []  # (when, status, content type, body head)
     stop = threading.Event()
 
