@@ -29,8 +29,12 @@ run: install pyz
 	$(PY) manage.py first_run_link --public-url http://$(HOST):$(PORT)
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) ai1net.asgi:application
 
+# Two workers (pytest-xdist) on the two cores: end-to-end tests mostly wait on real processes, so two at a
+# time fill the cores; each worker has its own database and Redis prefix. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+
 test: deps install pyz
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The hot-path benchmarks of issue 10, each beside its bare baseline (minutes; --quick: under 3).
 bench: install pyz
