@@ -1,6 +1,7 @@
 """Fault: a platform restart with a fleet of connected tunnels. Every device must be back and resumed
-(the item written while the platform was down applied, once) within 10 s of the platform serving again
-(``all_*_s`` also count from the restart command, daphne's own start-up included),
+(the item written while the platform was down applied, once) within 10 s of the restart command,
+daphne's own start-up included (its health check answers only behind the queued handshakes, so the
+time "after serving" is reported, not relied on),
 and the reconnects must be spread by the client's jitter: connection attempts per second stay under the
 declared cap, three times the fleet's size over the reconnect spread (README: "Reconnects").
 
@@ -121,5 +122,5 @@ def test_platform_restart_with_a_fleet_all_back_and_resumed_spread_under_the_cap
     assert {key: counts[key] for key in ("sent", "delivered", "duplicated", "lost")} == {
         "sent": FLEET, "delivered": FLEET, "duplicated": 0, "lost": 0}
     assert counts["back"] == FLEET
-    assert resumed_after_serving_s <= BACK_WITHIN_SEC
+    assert resumed_s <= BACK_WITHIN_SEC  # from the restart command: daphne's start-up counts too
     assert max(attempts_per_second.values()) <= CONNECTS_PER_SEC_CAP, sorted(attempts_per_second.items())
