@@ -19,7 +19,7 @@ settings.register_profile(
     derandomize=True,  # no seed to carry around: the examples are a function of the test
     database=None,  # nothing written to .hypothesis/ in the work tree
     deadline=None,  # a loaded 2-core machine makes per-example timings meaningless
-    max_examples=60,
+    max_examples=40,
     print_blob=False,
 )
 settings.register_profile("fuzz-long", parent=settings.get_profile("fuzz-ci"), max_examples=2000)

@@ -143,7 +143,7 @@ def test_every_registered_method_is_fuzzed():
 
 
 @pytest.mark.parametrize("method", PRODUCT_METHODS)
-@settings(SHARED_FIXTURE, max_examples=30)  # per method: together they are what one fuzz file may cost
+@settings(SHARED_FIXTURE, max_examples=25)  # per method: together they are what one fuzz file may cost
 @given(params=hs.any_params, request_id=hs.request_ids)
 def test_registered_method_with_hostile_params(tunnel, error_log, method, params, request_id):
     mark = len(error_log.records)
