@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -68,6 +69,13 @@ class _Server(ThreadingHTTPServer):
     # the rest of the burst's SYNs, and the kernel's retries (1, 3, 7, 15 s ...) held answers back ~25 s.
     request_queue_size = 512
     api: LocalApi
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints the traceback to stderr; the daemon's log is where it gets read.
+        if isinstance(sys.exc_info()[1], OSError):  # the client went away mid-answer (a hook that gave up)
+            log.info("local api: connection from %s lost", client_address, exc_info=True)
+        else:
+            log.exception("local api: request from %s failed", client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -153,3 +153,16 @@ def test_a_body_over_the_limit_or_a_bad_length_is_refused_unread(daemon, declare
     assert status in (400, 413)
     assert json.loads(data)["error"] == "bad_length"
     assert daemon.healthy()
+
+
+def test_an_exception_escaping_a_request_thread_is_logged_not_printed(daemon, error_log, monkeypatch):
+    """What the fuzzers look for ("no uncaught exception in the logs") must reach the log to be seen."""
+    from clients.bridge.local_api import _Handler
+
+    def broken(self, *, read_body):
+        raise RuntimeError("a bug in a request thread")
+
+    monkeypatch.setattr(_Handler, "_serve", broken)
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+        daemon.request("POST", "/v1/health", b"{}", daemon.good_headers(b"{}"))
+    assert any("request from" in line and "a bug in a request thread" in line for line in error_log.since(0))

@@ -67,6 +67,7 @@ def daphne(tmp_path):
     server = Daphne(tmp_path, AI1NET_HTTP_HEAD_TIMEOUT_SEC="2")
     yield server
     server.stop()
+    assert "Traceback" not in server.log(), server.log()[-3000:]
 
 
 def served_quickly(server: Daphne, bound: float = 3.0) -> float:
