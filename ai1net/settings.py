@@ -242,6 +242,8 @@ CSRF_COOKIE_HTTPONLY = False  # the phone page's JS reads it to send X-CSRFToken
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
 SESSION_COOKIE_SAMESITE = "Lax"
+# The login's mark of a browser that logged in before (ai1net.accounts.views, rate limits).
+KNOWN_BROWSER_COOKIE_NAME = "ai1net_known_browser"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"

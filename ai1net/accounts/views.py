@@ -33,7 +33,7 @@ from ai1net.exceptions import ApplicationError, retry_after_header
 PENDING_KEY = "accounts.pending_otp"
 PENDING_TTL = 5 * 60
 HOME_CARD_APPS = ("mobile", "devices", "probes", "im")
-KNOWN_BROWSER_COOKIE = "ai1net_known_browser"
+KNOWN_BROWSER_COOKIE = settings.KNOWN_BROWSER_COOKIE_NAME
 KNOWN_BROWSER_SALT = "ai1net.accounts.known-browser"
 KNOWN_BROWSER_MAX_AGE = 180 * 24 * 3600
 

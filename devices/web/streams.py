@@ -275,8 +275,13 @@ def header_value(scope: dict[str, Any], name: bytes) -> str:
     return ""
 
 
+def platform_cookie_names() -> set[str]:
+    """The platform's own cookies: never sent to a device, never set by one."""
+    return {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, settings.KNOWN_BROWSER_COOKIE_NAME}
+
+
 def _platform_cookies_removed(value: bytes) -> bytes | None:
-    mine = {settings.SESSION_COOKIE_NAME.encode(), settings.CSRF_COOKIE_NAME.encode()}
+    mine = {name.encode() for name in platform_cookie_names()}
     kept = [part.strip() for part in value.split(b";")
             if part.strip() and part.strip().split(b"=", 1)[0].strip() not in mine]
     return b"; ".join(kept) if kept else None
@@ -321,7 +326,7 @@ def response_headers(raw: Any) -> list[tuple[bytes, bytes]] | None:
     """The device's response headers for the browser, or None when they are malformed."""
     if not isinstance(raw, list) or len(raw) > protocol.WEB_MAX_HEADERS:
         return None
-    mine = {settings.SESSION_COOKIE_NAME.lower(), settings.CSRF_COOKIE_NAME.lower()}
+    mine = {name.lower() for name in platform_cookie_names()}
     shared_origin = not hosts.separate()
     replaced = {name for name, _ in SHARED_ORIGIN_HEADERS} if shared_origin else set()
     headers: list[tuple[bytes, bytes]] = []

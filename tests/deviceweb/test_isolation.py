@@ -212,6 +212,14 @@ def test_device_responses_on_one_host_get_no_opener_and_a_telling_referer(settin
     assert (b"referrer-policy", b"no-referrer") in headers and (b"cross-origin-opener-policy", b"same-origin") not in headers
 
 
+@pytest.mark.parametrize("name", ["sessionid", "csrftoken", "ai1net_known_browser"])
+def test_no_platform_cookie_goes_to_a_device_or_comes_from_one(name):
+    scope = {"headers": [(b"cookie", f"{name}=secret; app=1".encode())], "client": ("1.2.3.4", 5)}
+    assert ["cookie", "app=1"] in streams.forward_headers(scope, "/d/x/80")
+    assert (b"set-cookie", f"{name}=planted".encode()) not in streams.response_headers(
+        [["set-cookie", f"{name}=planted"]])
+
+
 def test_check_deploy_warns_when_device_web_shares_the_platform_host(settings):
     settings.DEBUG = False
     settings.DEVICE_WEB_ENABLED = True
