@@ -493,3 +493,19 @@ async def test_stream_notifications_are_routed_to_the_opener(paired):
     await dev.close()
     closed = await asyncio.wait_for(layer.receive(mine), 3)
     assert closed == {"type": "device.stream.closed", "stream": "s1"}
+
+
+def test_enqueued_items_are_stored_as_given_with_consecutive_seqs(user):
+    device, _token = services.device_create(owner=user, name="d", kind="bridge")
+    items = [("a", {"text": "日本語 \u2028 😀 'quoted' \"double\"", "nested": [{"x": None, "y": 1.5}]}),
+             ("b", {}), ("c", {"n": 10**15})]
+    rows = services.outbox_enqueue_many(device=device, items=items)
+    again = services.outbox_enqueue(device=device, kind="d", payload={"last": True})
+    assert [row.seq for row in rows] + [again.seq] == [1, 2, 3, 4] and device.next_seq == 5
+    stored = list(OutboxItem.objects.filter(device=device).order_by("seq").values_list("seq", "kind", "payload"))
+    assert stored == [(1, "a", items[0][1]), (2, "b", {}), (3, "c", {"n": 10**15}), (4, "d", {"last": True})]
+    assert Device.objects.get(pk=device.pk).next_seq == 5
+    device.delete()
+    with pytest.raises(ApplicationError):
+        services.outbox_enqueue(device=device, kind="e", payload={})
+    assert not OutboxItem.objects.filter(kind="e").exists()
