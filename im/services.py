@@ -94,6 +94,37 @@ def _next_seq(room_id: Any) -> int:
     return Room.objects.values_list("next_seq", flat=True).get(pk=room_id) - 1
 
 
+_POST_SQL: dict[str, str] = {}
+_POST_FIELDS = ("room", "author_user", "author_device", "kind", "body", "created_at")
+
+
+def _insert_with_seq_postgresql(conn: Any, message: Message) -> None:
+    """``_next_seq`` and the message's INSERT as one PostgreSQL statement (a data-modifying CTE): one round
+    trip fewer on every question and answer. The room row's lock is taken as before; no room, no row."""
+    sql = _POST_SQL.get(conn.vendor)
+    room, meta, quote = Room._meta, Message._meta, conn.ops.quote_name
+    fields = [meta.get_field(name) for name in _POST_FIELDS]
+    if sql is None:
+        next_seq = quote(room.get_field("next_seq").column)
+        columns = ", ".join(quote(field.column) for field in fields)
+        # Names from the models' _meta, values as parameters.
+        sql = _POST_SQL[conn.vendor] = (
+            f"WITH r AS (UPDATE {quote(room.db_table)} SET {next_seq} = {next_seq} + 1"  # noqa: S608
+            f" WHERE {quote(room.pk.column)} = %s RETURNING {next_seq} - 1 AS seq)"
+            f" INSERT INTO {quote(meta.db_table)} ({columns}, {quote(meta.get_field('seq').column)})"
+            f" SELECT {', '.join(['%s'] * len(fields))}, r.seq FROM r RETURNING {quote(meta.pk.column)}, "
+            f"{quote(meta.get_field('seq').column)}")
+    params = [room.pk.get_db_prep_value(message.room_id, conn)]
+    params += [field.get_db_prep_save(getattr(message, field.attname), conn) for field in fields]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound("No such room.")
+    message.pk, message.seq = row[0], int(row[1])
+    message._state.adding, message._state.db = False, conn.alias
+
+
 def message_post(*, room: Room | None = None, room_id: Any = None, author_user: Any = None,
                  author_device: Any = None, kind: str, body: dict) -> Message:
     """Append a message to ``room`` (or the room ``room_id``, unread); its seq comes from one UPDATE on
@@ -104,9 +135,15 @@ def message_post(*, room: Room | None = None, room_id: Any = None, author_user: 
         raise ValidationFailed("A message has one author.")
     room_id = room.pk if room is not None else room_id
     with transaction.atomic(savepoint=False):
-        seq = _next_seq(room_id)
-        message = Message.objects.create(room_id=room_id, seq=seq, author_user=author_user,
-                                         author_device=author_device, kind=kind, body=body)
+        conn = transaction.get_connection()
+        if conn.vendor == "postgresql":
+            message = Message(room_id=room_id, author_user=author_user, author_device=author_device, kind=kind,
+                              body=body, created_at=timezone.now())
+            _insert_with_seq_postgresql(conn, message)
+        else:
+            seq = _next_seq(room_id)
+            message = Message.objects.create(room_id=room_id, seq=seq, author_user=author_user,
+                                             author_device=author_device, kind=kind, body=body)
     events.message_created(message)
     return message
 

@@ -3,6 +3,7 @@
 import pytest
 from channels.db import database_sync_to_async
 
+from ai1net.exceptions import NotFound
 from im import events, panels, services
 from im.models import Message, Panel, PanelAction, Room
 from tests.mobile.factories import bridge_for
@@ -160,3 +161,19 @@ def test_message_post_by_room_id_and_panel_state_set_by_id(room, user, django_ca
     assert moved.spec == {"question_id": "q1", "n": [1, 2], "reason": "timeout"}
     assert Panel.objects.get(pk=panel.pk).spec["reason"] == "timeout"
     assert services.panel_state_set_by_id(panel_id=panel.pk + 1000, state="answered") is None
+
+
+@pytest.mark.django_db
+def test_a_posted_message_is_the_row_stored(room, user):
+    body = {"text": "日本語 'q' \"d\" \u2028", "nested": [{"x": None}]}
+    first = services.message_post(room=room, author_user=user, kind=Message.Kind.TEXT, body=body)
+    second = services.message_post(room_id=room.pk, kind=Message.Kind.EVENT, body={})
+    assert (first.seq, second.seq) == (1, 2)
+    stored = Message.objects.get(pk=first.pk)
+    assert (stored.seq, stored.author_user_id, stored.author_device_id, stored.kind, stored.body) == (
+        1, user.pk, None, "text", body)
+    assert stored.created_at == first.created_at and Message.objects.get(pk=second.pk).seq == 2
+    room_id = room.pk
+    room.delete()
+    with pytest.raises(NotFound):
+        services.message_post(room_id=room_id, kind=Message.Kind.EVENT, body={})
