@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import logging
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -608,7 +609,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 loop.call_soon_threadsafe(settle, None, exc)
                 return
             loop.call_soon_threadsafe(settle, result, None)
-            _send_signal(signals.device_connected, device=result[0], hello=params)
+            # A copy for the receivers: what they do to it (an enqueue moves its next_seq) must not reach
+            # the hello, which reads the device on the loop meanwhile (it read the outbox for nothing).
+            _send_signal(signals.device_connected, device=copy.copy(result[0]), hello=params)
 
         self._background(_db(write_then_signal)())
         return written

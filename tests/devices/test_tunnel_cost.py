@@ -170,6 +170,30 @@ async def test_what_a_connect_receiver_enqueues_is_sent_without_reading_the_outb
         signals.device_connected.disconnect(dispatch_uid="t-enqueue-on-connect")
 
 
+async def test_a_receiver_changing_its_device_does_not_change_the_hellos(user, statements):
+    """The receivers run in the database thread while the hello goes on on the loop: each gets a copy."""
+    from devices import signals
+    from mobile.models import BridgeSwitchSent
+
+    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
+    await db(BridgeSwitchSent.objects.create)(device=device, enabled=False)
+
+    def meddle(sender, device, **kwargs):
+        device.next_seq += 5  # at once, without a database trip: before the loop reads it
+
+    signals.device_connected.connect(meddle, weak=False, dispatch_uid="t-meddle")
+    try:
+        statements.clear()
+        dev = FakeDevice(token)
+        await dev.open()
+        await dev.hello()
+        await settle()
+        assert not [s for s in statements.sql if "devices_outboxitem" in s], statements.sql
+        await dev.close()
+    finally:
+        signals.device_connected.disconnect(dispatch_uid="t-meddle")
+
+
 async def test_items_from_concurrent_producers_in_this_process_arrive_once_each_in_order(user):
     """Hand-overs can reach the tunnel out of commit order (threads race after commit): what does not
     follow what was sent makes it read the outbox; nothing is sent twice, nothing is skipped."""
