@@ -39,16 +39,17 @@ class LiveTunnel:
     """One device connection in an event loop of its own, so that a synchronous @given test can send it
     one hostile example after another and check it is still alive after each."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, **hello: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.token = token
+        self.hello = hello
         self.last_frame: str | bytes = ""
         self.device = self.run(self._open())
 
     async def _open(self) -> FakeDevice:
         device = FakeDevice(self.token)
         await device.open()
-        await device.hello()
+        await device.hello(**self.hello)
         return device
 
     def run(self, coroutine: Any) -> Any:
