@@ -214,7 +214,7 @@ if REDIS_URL:
     }
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "ai1net.cache.SharedRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": f"{REDIS_PREFIX}:cache",
         }

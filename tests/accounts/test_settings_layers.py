@@ -29,7 +29,7 @@ def test_settings_pick_channels_redis_when_redis_url_set():
     result = _django_subprocess(PRINT_LAYER, REDIS_URL="redis://127.0.0.1:6399/3")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["channels_redis.core.RedisChannelLayer",
-                                     "django.core.cache.backends.redis.RedisCache"]
+                                     "ai1net.cache.SharedRedisCache"]
 
 
 def test_settings_default_to_in_memory_layer():
