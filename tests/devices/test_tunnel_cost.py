@@ -145,7 +145,6 @@ def test_the_token_read_compiled_once_gives_what_the_orm_gives(user):
 
 async def test_what_a_connect_receiver_enqueues_is_sent_without_reading_the_outbox(user, statements):
     from devices import signals
-
     from mobile.models import BridgeSwitchSent
 
     device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
