@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # annotations only (typing costs the hook start-up time)
 
     from clients.bridge.hook import Daemon
 
-LONG_POLL_SEC = 25.0
 QUESTION_TOOL = "request_user_input"  # Codex's question tool (Plan mode)
 
 
@@ -81,6 +80,8 @@ def ask_and_wait(
     event: Dict[str, Any], daemon: Daemon, *, tool_use_id: str, tool_input: Dict[str, Any], window: float
 ) -> Optional[tuple]:
     """Put ``tool_input`` (AskUserQuestion's shape) to the phone; (answers, other) or None (no answer)."""
+    from clients.bridge.hook import wait_for_answer
+
     deadline = time.monotonic() + window
     asked = daemon.post(
         "pre-tool-use",
@@ -96,23 +97,7 @@ def ask_and_wait(
     question_id = asked.get("question_id")
     if not question_id:
         return None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:  # hand it back to the desk; an answer that came in just in time still counts
-            result = daemon.post_retrying(
-                "questions/give-up", {"question_id": question_id, "reason": "timeout"}, 3.0, time.monotonic() + 3.0
-            )
-        else:
-            poll = min(remaining, LONG_POLL_SEC)
-            result = daemon.post_retrying(
-                "questions/wait", {"question_id": question_id, "timeout": poll}, poll + 5, deadline
-            )
-        if result is None:
-            if time.monotonic() < deadline:
-                continue
-            return None
-        state = result.get("state")
-        if state == "answered":
-            return result.get("answers") or {}, result.get("other")
-        if state != "pending" or remaining <= 0:
-            return None
+    result = wait_for_answer(daemon, question_id, deadline)
+    if result is None:
+        return None
+    return result.get("answers") or {}, result.get("other")

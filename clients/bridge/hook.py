@@ -345,14 +345,27 @@ def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style
     question_id = asked.get("question_id")
     if not question_id:
         return None
+    result = wait_for_answer(daemon, question_id, deadline)
+    if result is None:
+        return None
+    return pre_tool_use_output(tool_input, result.get("answers") or {}, result.get("other"), style)
+
+
+def wait_for_answer(daemon: Daemon, question_id: str, deadline: float, *, poll_sec: float = LONG_POLL_SEC,
+                    stop: Optional[Any] = None) -> Optional[Dict[str, Any]]:
+    """Wait for the phone's answer to ``question_id`` until ``deadline``, then give it up to the desk (an
+    answer that came in just in time still counts). The daemon's "answered" reply, or None: moved, gone,
+    the daemon unreachable, or ``stop()`` true before a poll (the permission hook's desk watch)."""
     while True:
+        if stop is not None and stop():
+            return None
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             result = daemon.post_retrying(
                 "questions/give-up", {"question_id": question_id, "reason": "timeout"}, 3.0, time.monotonic() + 3.0
             )
         else:
-            poll = min(remaining, LONG_POLL_SEC)
+            poll = min(remaining, poll_sec)
             result = daemon.post_retrying(
                 "questions/wait", {"question_id": question_id, "timeout": poll}, poll + 5, deadline
             )
@@ -362,7 +375,7 @@ def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style
             return None
         state = result.get("state")
         if state == "answered":
-            return pre_tool_use_output(tool_input, result.get("answers") or {}, result.get("other"), style)
+            return result
         if state != "pending" or remaining <= 0:
             return None
 

@@ -106,30 +106,17 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
     if result is None and not question_id:
         return None
     desk = DeskWatch(event.get("transcript_path"), tool_name, expected) if name == "PermissionRequest" else None
-    while result is None:
-        if desk is not None and desk.answered():
-            daemon.post_retrying("permission/desktop", {"question_id": question_id, "decided": desk.answered()},
-                                 3.0, time.monotonic() + 3.0)
-            return None  # the desk's answer stands; Claude Code no longer reads ours
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:  # hand it to the desk; a decision that came in just in time still counts
-            result = daemon.post_retrying(
-                "questions/give-up", {"question_id": question_id, "reason": "timeout"}, 3.0, time.monotonic() + 3.0
-            )
-        else:
-            poll = min(remaining, DESK_POLL_SEC if desk is not None and desk.usable else LONG_POLL_SEC)
-            result = daemon.post_retrying(
-                "questions/wait", {"question_id": question_id, "timeout": poll}, poll + 5, deadline
-            )
+    if result is None:
+        from clients.bridge.hook import wait_for_answer
+
+        result = wait_for_answer(daemon, question_id, deadline,
+                                 poll_sec=DESK_POLL_SEC if desk is not None and desk.usable else LONG_POLL_SEC,
+                                 stop=desk.answered if desk is not None else None)
         if result is None:
-            if time.monotonic() < deadline:
-                continue
-            return None
-        if result.get("state") == "pending" and remaining > 0:
-            result = None
-            continue
-        if result.get("state") != "answered":
-            return None
+            if desk is not None and desk.answered():
+                daemon.post_retrying("permission/desktop", {"question_id": question_id, "decided": desk.answered()},
+                                     3.0, time.monotonic() + 3.0)
+            return None  # the desk's answer stands (Claude Code no longer reads ours), or the desk asks
     decision = result.get("decision")
     if decision not in ("allow", "allow_session", "deny") or result.get("input_hash") != expected:
         return None  # not a decision for this very input: the desktop asks
