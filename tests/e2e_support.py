@@ -7,7 +7,9 @@ The processes share the test database: use these only from tests that have `tran
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from django.conf import settings
 from django.db import connection
 
@@ -157,3 +160,40 @@ def logged_in(server_url: str, username: str, password: str) -> Iterator[httpx.C
 def csrf(client: httpx.Client) -> dict[str, str]:
     """The header a browser-session POST needs."""
     return {"X-CSRFToken": client.cookies["csrftoken"]}
+
+
+def npm_cli(package: str, version: str, binary: str, *, env_var: str, cache_name: str, home_cache: str) -> str:
+    """A real agent CLI from npm, pinned: ``$env_var`` if set, else one cached in ``.cache/<cache_name>``
+    (or ``~/.cache/<home_cache>``), else installed there once (test workers side by side wait on a lock
+    and find it installed). Never committed; skips only when npm itself is missing or the install fails."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
+    folders = [ROOT / ".cache" / cache_name, Path.home() / ".cache" / home_cache]
+    for folder in folders:
+        candidate = folder / "node_modules" / ".bin" / binary
+        if _cli_version_is(candidate, version):
+            return str(candidate)
+    if not shutil.which("npm"):
+        pytest.skip(f"npm is not installed: cannot install {package}")
+    folder = folders[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    candidate = folder / "node_modules" / ".bin" / binary
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _cli_version_is(candidate, version):
+            return str(candidate)
+        done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
+                               f"{package}@{version}"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 or not candidate.exists():
+        pytest.skip(f"could not install {package}: {done.stderr[-500:]}")
+    return str(candidate)
+
+
+def _cli_version_is(path: Path, version: str) -> bool:
+    if not path.exists():
+        return False
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return version in out.split()  # "2.1.197 (Claude Code)", "codex-cli 0.171.0"

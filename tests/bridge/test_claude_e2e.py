@@ -9,19 +9,17 @@ points at one, or ~/.cache/ai1net-claude already holds the pinned version.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from im.models import Message
 from mobile.models import AgentSession
-from tests.e2e_support import ROOT, wait_until
+from tests.e2e_support import ROOT, npm_cli, wait_until
 
 from .test_mobile_e2e import FRAMEWORK, answer, pending, world  # noqa: F401 - world is a fixture
 
@@ -29,40 +27,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.claude, pytest.mark
 
 CLAUDE_VERSION = "2.1.197"
 HARNESS = ROOT.parent / "shared" / "tools" / "claude-code-harness"
-CACHE_DIRS = [ROOT / ".cache" / f"claude-code-{CLAUDE_VERSION}", Path.home() / ".cache" / "ai1net-claude"]
 
 
 def claude_bin() -> str:
-    if os.environ.get("CLAUDE_BIN"):
-        return os.environ["CLAUDE_BIN"]
-    for folder in CACHE_DIRS:
-        candidate = folder / "node_modules" / ".bin" / "claude"
-        if candidate.exists() and _version(candidate) == CLAUDE_VERSION:
-            return str(candidate)
-    if not shutil.which("npm"):
-        pytest.skip("npm is not installed: cannot install the Claude Code CLI")
-    folder = CACHE_DIRS[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    candidate = folder / "node_modules" / ".bin" / "claude"
-    # Test workers side by side (pytest-xdist) install once: the second waits and finds it there.
-    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if candidate.exists() and _version(candidate) == CLAUDE_VERSION:
-            return str(candidate)
-        done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
-                               f"@anthropic-ai/claude-code@{CLAUDE_VERSION}"], capture_output=True, text=True,
-                              timeout=600)
-    if done.returncode != 0 or not candidate.exists():
-        pytest.skip(f"could not install the Claude Code CLI: {done.stderr[-500:]}")
-    return str(candidate)
-
-
-def _version(path: Path) -> str:
-    try:
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.split()[0] if out.split() else ""
+    return npm_cli("@anthropic-ai/claude-code", CLAUDE_VERSION, "claude", env_var="CLAUDE_BIN",
+                   cache_name=f"claude-code-{CLAUDE_VERSION}", home_cache="ai1net-claude")
 
 
 SCRIPT = {

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from clients import permission
 from im.models import Message
 from mobile.models import AgentSession
-from tests.e2e_support import ROOT, csrf, wait_until
+from tests.e2e_support import ROOT, csrf, npm_cli, wait_until
 
 from .fake_openai import FakeResponsesApi, call, say
 from .test_claude_permission_e2e import decide
@@ -38,34 +36,11 @@ from .test_mobile_e2e import answer, pending, world  # noqa: F401 - world is a f
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.codex, pytest.mark.django_db(transaction=True)]
 
 CODEX_VERSION = "0.171.0"
-CACHE_DIRS = [ROOT / ".cache" / f"codex-{CODEX_VERSION}", Path.home() / ".cache" / "ai1net-codex"]
 
 
 def codex_bin() -> str:
-    if os.environ.get("CODEX_BIN"):
-        return os.environ["CODEX_BIN"]
-    for folder in CACHE_DIRS:
-        candidate = folder / "node_modules" / ".bin" / "codex"
-        if candidate.exists() and _version(candidate) == CODEX_VERSION:
-            return str(candidate)
-    if not shutil.which("npm"):
-        pytest.skip("npm is not installed: cannot install the Codex CLI")
-    folder = CACHE_DIRS[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
-                           f"@openai/codex@{CODEX_VERSION}"], capture_output=True, text=True, timeout=600)
-    candidate = folder / "node_modules" / ".bin" / "codex"
-    if done.returncode != 0 or not candidate.exists():
-        pytest.skip(f"could not install the Codex CLI: {done.stderr[-500:]}")
-    return str(candidate)
-
-
-def _version(path: Path) -> str:
-    try:
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.split()[-1] if out.split() else ""  # "codex-cli 0.171.0"
+    return npm_cli("@openai/codex", CODEX_VERSION, "codex", env_var="CODEX_BIN", cache_name=f"codex-{CODEX_VERSION}",
+                   home_cache="ai1net-codex")
 
 
 CODEX_QUESTION = {"id": "framework", "header": "Framework", "question": "Which framework?",
