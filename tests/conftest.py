@@ -78,3 +78,26 @@ def api(client, user):
     """A browser-like test client logged in as ``user`` (no OTP device enrolled)."""
     client.force_login(user)
     return client
+
+
+@pytest.fixture
+def mobile_user(user):
+    """``user`` with mobile reply switched on."""
+    from tests.mobile.factories import enable_mobile
+
+    return enable_mobile(user)
+
+
+@pytest.fixture
+def bridge(mobile_user):
+    """A bridge device of ``mobile_user``."""
+    from tests.mobile.factories import bridge_for
+
+    return bridge_for(mobile_user)
+
+
+@pytest.fixture
+def phone(client, mobile_user):
+    """The user's phone: a logged-in browser session."""
+    client.force_login(mobile_user)
+    return client

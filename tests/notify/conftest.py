@@ -13,7 +13,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from notify import dispatch, receivers, vapid
-from tests.mobile.factories import bridge_for, enable_mobile
 
 
 def b64url(raw: bytes) -> str:
@@ -107,19 +106,3 @@ def _notify_settings(settings, tmp_path, monkeypatch):
     vapid._cache.clear()
     yield
     vapid._cache.clear()
-
-
-@pytest.fixture
-def mobile_user(user):
-    return enable_mobile(user)
-
-
-@pytest.fixture
-def bridge(mobile_user):
-    return bridge_for(mobile_user)
-
-
-@pytest.fixture
-def phone(client, mobile_user):
-    client.force_login(mobile_user)
-    return client
