@@ -17,8 +17,6 @@ usual. Loaded by ``hook.py`` only for these events of Codex, so it keeps to the 
 
 from __future__ import annotations
 
-import time
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only (typing costs the hook start-up time)
     from typing import Any, Dict, Optional
@@ -48,14 +46,16 @@ def permission_request(event: Dict[str, Any], daemon: Daemon, *, window: float) 
 def user_input_request(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
     """Codex's own question tool: the phone's answer goes back as a PreToolUse deny whose reason the
     model reads (Codex takes ``allow`` only with ``updatedInput``, which cannot carry answers)."""
-    from clients.bridge.hook import pre_tool_use_output
+    from clients.bridge.hook import ask_and_wait, pre_tool_use_output
 
     question = user_input_questions(event.get("tool_input"))
     if question is None:
         return None
     tool_use_id = event.get("tool_use_id") if isinstance(event.get("tool_use_id"), str) else ""
     answered = ask_and_wait(event, daemon, tool_use_id=tool_use_id, tool_input=question, window=window)
-    return pre_tool_use_output(question, *answered, style="deny") if answered else None
+    if answered is None:
+        return None
+    return pre_tool_use_output(question, answered.get("answers") or {}, answered.get("other"), style="deny")
 
 
 def user_input_questions(tool_input: Any) -> Optional[Dict[str, Any]]:
@@ -74,30 +74,3 @@ def user_input_questions(tool_input: Any) -> Optional[Dict[str, Any]]:
         questions.append({"question": item["question"], "header": str(item.get("header") or "Codex")[:100],
                           "options": options, "multiSelect": False})
     return {"questions": questions} if questions else None
-
-
-def ask_and_wait(
-    event: Dict[str, Any], daemon: Daemon, *, tool_use_id: str, tool_input: Dict[str, Any], window: float
-) -> Optional[tuple]:
-    """Put ``tool_input`` (AskUserQuestion's shape) to the phone; (answers, other) or None (no answer)."""
-    from clients.bridge.hook import wait_for_answer
-
-    deadline = time.monotonic() + window
-    asked = daemon.post(
-        "pre-tool-use",
-        {
-            "session_id": event["session_id"],
-            "tool_use_id": tool_use_id,
-            "tool_input": tool_input,
-            "cwd": event.get("cwd") or "",
-            "window_sec": window,
-        },
-        timeout=min(20.0, window),
-    )
-    question_id = asked.get("question_id")
-    if not question_id:
-        return None
-    result = wait_for_answer(daemon, question_id, deadline)
-    if result is None:
-        return None
-    return result.get("answers") or {}, result.get("other")

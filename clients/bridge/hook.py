@@ -330,12 +330,23 @@ def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style
     tool_input = event.get("tool_input")
     if not isinstance(tool_input, dict) or not isinstance(tool_input.get("questions"), list):
         return None
+    result = ask_and_wait(event, daemon, tool_use_id=event.get("tool_use_id") or "", tool_input=tool_input,
+                          window=window)
+    if result is None:
+        return None
+    return pre_tool_use_output(tool_input, result.get("answers") or {}, result.get("other"), style)
+
+
+def ask_and_wait(event: Dict[str, Any], daemon: Daemon, *, tool_use_id: str, tool_input: Dict[str, Any],
+                 window: float) -> Optional[Dict[str, Any]]:
+    """Put ``tool_input`` (AskUserQuestion's shape) to the phone and wait: the daemon's "answered" reply,
+    or None (no answer in time, moved, skipped, the daemon unreachable)."""
     deadline = time.monotonic() + window
     asked = daemon.post(
         "pre-tool-use",
         {
             "session_id": event["session_id"],
-            "tool_use_id": event.get("tool_use_id") or "",
+            "tool_use_id": tool_use_id,
             "tool_input": tool_input,
             "cwd": event.get("cwd") or "",
             "window_sec": window,
@@ -345,10 +356,7 @@ def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style
     question_id = asked.get("question_id")
     if not question_id:
         return None
-    result = wait_for_answer(daemon, question_id, deadline)
-    if result is None:
-        return None
-    return pre_tool_use_output(tool_input, result.get("answers") or {}, result.get("other"), style)
+    return wait_for_answer(daemon, question_id, deadline)
 
 
 def wait_for_answer(daemon: Daemon, question_id: str, deadline: float, *, poll_sec: float = LONG_POLL_SEC,
