@@ -54,10 +54,7 @@ def codex_home() -> Path:
 
 def codex_entries(*, command: str, window: int) -> List[Dict[str, Any]]:
     def handler(timeout: int, status: Optional[str] = None) -> Dict[str, Any]:
-        entry: Dict[str, Any] = {"type": "command", "command": command, "timeout": timeout}
-        if status:
-            entry["statusMessage"] = status
-        return entry
+        return hooks_install.command_handler(command, timeout, status)
 
     return [
         {"event": "SessionStart", "group": {"hooks": [handler(10)]}},

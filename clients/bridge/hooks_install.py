@@ -104,16 +104,21 @@ def parse_approve(value: Optional[str]) -> Optional[List[str]]:
     return list(dict.fromkeys(tools))
 
 
+def command_handler(command: str, timeout: int, status: Optional[str] = None) -> Dict[str, Any]:
+    """One ``{"type": "command"}`` hook handler, in the shape Claude Code and Codex CLI both read."""
+    entry: Dict[str, Any] = {"type": "command", "command": command, "timeout": timeout}
+    if status:
+        entry["statusMessage"] = status
+    return entry
+
+
 def desired_entries(*, command: str, window: int, approve: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """Claude Code's entries. ``approve`` (see parse_approve): PreToolUse for those tools, and
     PermissionRequest for every other tool that asks (not AskUserQuestion, whose dialog is the desk's
     answer, nor a routed tool, whose desktop prompt after a phone timeout must stay at the desk)."""
 
     def handler(timeout: int, status: Optional[str] = None) -> Dict[str, Any]:
-        entry: Dict[str, Any] = {"type": "command", "command": command, "timeout": timeout}
-        if status:
-            entry["statusMessage"] = status
-        return entry
+        return command_handler(command, timeout, status)
 
     return [
         {"event": "SessionStart", "group": {"hooks": [handler(10)]}},
