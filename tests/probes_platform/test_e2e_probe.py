@@ -23,9 +23,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 def start_probe(server: Daphne, device: Device, token: str, root: Path, logs: Path, *flags: str) -> Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "REDIS_URL"))}
     env.update({"PYTHONUNBUFFERED": "1", "AI1NET_PROBE_TOKEN": token, "AI1NET_PROBE_DEVICE_ID": str(device.pk)})
+    # Online through this process's connection: a connection that was cut may not have closed on the server yet.
+    connections_before = Device.objects.get(pk=device.pk).connection_count
     process = Process([sys.executable, "-m", "clients.probe", "run", server.url, "--allow", str(root), *flags],
                       logs / f"probe-{device.name}.log", env=env)
-    wait_until(lambda: Device.objects.get(pk=device.pk).is_online, 20, message=f"probe online ({process.log_path})")
+    wait_until(lambda: (now := Device.objects.get(pk=device.pk)).is_online and now.connection_count > connections_before,
+               20, message=f"probe online ({process.log_path})")
     return process
 
 
