@@ -1,4 +1,5 @@
-"""The one way events leave: ``group_send_on_commit``, after the current transaction commits.
+"""The one way events leave: ``group_send_on_commit`` (or ``channel_send_on_commit`` to one known
+channel), after the current transaction commits.
 
 Services run in worker threads (``database_sync_to_async``, Django's sync views under ASGI). Sending
 with ``async_to_sync`` from there parks the worker until the event loop has run the send: with
@@ -23,6 +24,7 @@ import weakref
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -34,14 +36,23 @@ _pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, collect
 _drainers: set[asyncio.Task] = set()
 
 
-async def _send(group: str, message: dict[str, Any]) -> None:
+# A queue's target is a group name, or one channel's name behind this prefix (":" is in no group name).
+CHANNEL_TARGET = "channel:"
+
+
+async def _send(target: str, message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        await layer.group_send(group, message)
+        if target.startswith(CHANNEL_TARGET):
+            await layer.send(target[len(CHANNEL_TARGET):], message)
+        else:
+            await layer.group_send(target, message)
+    except ChannelFull:  # its reader is far behind; what it is told here it also finds by reading (a doorbell)
+        logger.info("channel full: %s to %s dropped", message.get("type"), target)
     except Exception:
-        logger.exception("could not send %s to %s", message.get("type"), group)
+        logger.exception("could not send %s to %s", message.get("type"), target)
 
 
 # Events for people's pages (im.events, mobile.events) travel as ``app.event``; several of them waiting
@@ -112,7 +123,8 @@ def _worker_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def group_send_now(group: str, message: dict[str, Any]) -> None:
-    """Send at once from sync code: handed to the worker's event loop, or synchronously outside any."""
+    """Send at once from sync code: handed to the worker's event loop, or synchronously outside any.
+    ``group`` may be ``CHANNEL_TARGET + channel name``: then to that one channel."""
     loop = _worker_loop()
     if loop is not None:
         try:
@@ -129,3 +141,9 @@ def group_send_now(group: str, message: dict[str, Any]) -> None:
 def group_send_on_commit(group: str, message: dict[str, Any]) -> None:
     """Send ``message`` to ``group`` once the current transaction commits (at once outside one)."""
     transaction.on_commit(lambda: group_send_now(group, message))
+
+
+def channel_send_on_commit(channel: str, message: dict[str, Any]) -> None:
+    """Send ``message`` to one channel once the current transaction commits (at once outside one): a
+    single layer command, where a group send is several (its members are read first)."""
+    transaction.on_commit(lambda: group_send_now(CHANNEL_TARGET + channel, message))

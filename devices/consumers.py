@@ -3,8 +3,8 @@
 Tunnel, per connection:
 - authenticates by ``Authorization: Bearer <token>`` (accepted first, then closed 4401/4403 so the
   client can read the code; 4429 while its address sent too many unknown tokens), waits for
-  ``hello``, becomes the device's live connection (an older one is closed with 4409), joins
-  ``device_group(device_id)``;
+  ``hello``, becomes the device's live connection (an older one is closed with 4409): its channel
+  name in the device's row is where others reach it (no group: devices.events);
 - delivers the durable outbox in seq order with at most ``WINDOW`` unacked items in flight. Items
   enqueued in this process are handed over after commit as ready frames (``devices.live``: no layer
   message, no read back); otherwise it reads the database on hello (when the device is behind), on
@@ -13,7 +13,8 @@ Tunnel, per connection:
 - runs device -> platform requests through ``devices.rpc.dispatch`` (idempotent per request id);
 - closes a silent peer (4408) and sustained abuse (4400).
 
-Channel-layer messages another process or consumer may send to ``device_group(device_id)``:
+Channel-layer messages another process or consumer may send to the live connection's channel
+(``Device.channel_name``):
 - ``{"type": "device.call", call_id, reply_channel, method, params}``: a JSON-RPC request with
   id=call_id; the answer goes to reply_channel as ``{"type": "device.call.reply", call_id,
   response: {"result": ...} | {"error": {...}}}`` (see ``devices.services.adevice_call``). If the
@@ -63,7 +64,6 @@ WINDOW = 256  # unacked deliveries in flight per connection
 ABUSE_LIMIT = 20  # malformed frames ...
 ABUSE_WINDOW_SEC = 10.0  # ... within this many seconds close the tunnel with 4400
 SEEN_WRITE_SEC = 120.0  # last_seen_at is written at most this often while connected
-GROUP_REFRESH_SEC = 3600.0  # re-join the group well before the layer's group expiry (1 day)
 
 SWEEP_CHUNK = 500  # device rows per query of the shared heartbeat sweep
 
@@ -247,7 +247,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.connected_at = loop.time()
         self.last_received = loop.time()
         self.last_seen_write = loop.time()
-        self.group_added_at = 0.0
         self.abuse: collections.deque[float] = collections.deque()
         self.last_sent = self.acked = self.acked_flushed = 0
         self.maybe_more = False
@@ -352,12 +351,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         except ValueError as exc:
             await self._bad_frame(request_id, protocol.INVALID_PARAMS, str(exc))
             return
-        # In the group before the hello makes this connection live: a doorbell rung in another
-        # process after that write finds it (one rung before is covered by the read below).
-        group = events.device_group(self.device.pk)
-        self.groups = [group]  # discarded by websocket_disconnect
-        await self.channel_layer.group_add(group, self.channel_name)
-        self.group_added_at = self.loop.time()
+        # A doorbell rung after the hello's write comes to this channel (the enqueue reads the live
+        # channel under the device row's lock); one rung before it is covered by the read below.
         try:
             device, older = await self._hello_write(hello, params)
         except ApplicationError:
@@ -368,7 +363,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             return
         self.device = device
         if older:
-            await self.channel_layer.group_discard(group, older)
             try:
                 await self.channel_layer.send(older, {"type": events.REPLACED})
             except ChannelFull:
@@ -556,9 +550,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 await self._send_safely(protocol.notification(protocol.HEARTBEAT))
                 # The database side of the beat (revocation, lost doorbells, last seen) is the
                 # process-wide sweep's: one query per beat for every tunnel (_TunnelSweep).
-                if now - self.group_added_at > GROUP_REFRESH_SEC:
-                    await self.channel_layer.group_add(events.device_group(self.device.pk), self.channel_name)
-                    self.group_added_at = now
         except asyncio.CancelledError:
             raise
         except Exception:

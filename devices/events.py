@@ -1,8 +1,10 @@
 """Group names and events of the devices app. Events leave only after commit.
 
 Groups:
-  device_group(device_id)  the live tunnel connection of one device (doorbell, close, calls)
   user_group(user_id)      the owner's open pages (presence)
+A device's live tunnel connection has no group: messages for it go to its channel, the row's
+``channel_name`` (read with the write that calls for them: the outbox's seq allocation locks the row,
+so no hello can make another connection live between that read and the commit).
 
 Channel-layer message types handled by the tunnel consumer (devices.consumers.DeviceConsumer):
   devices.outbox     doorbell: "read the outbox" (one per commit, never one per item)
@@ -15,18 +17,14 @@ Channel-layer message types handled by the tunnel consumer (devices.consumers.De
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
-from ai1net.realtime import group_send_on_commit
+from ai1net.realtime import channel_send_on_commit, group_send_on_commit
+from devices.models import LONGPOLL_PREFIX
 
 PRESENCE_CHANGED = "devices.presence.changed"
 OUTBOX_DOORBELL = "devices.outbox"
 CLOSE = "devices.close"
 REPLACED = "devices.replaced"
-
-
-def device_group(device_id: UUID | str) -> str:
-    return f"dev.{UUID(str(device_id)).hex}"
 
 
 def user_group(user_id: int | str) -> str:
@@ -50,9 +48,16 @@ def send_presence_changed(device: Any) -> None:
     _send_on_commit(user_group(device.owner_id), {"type": PRESENCE_CHANGED, **presence_payload(device)})
 
 
-def send_outbox_doorbell(device_id: UUID | str) -> None:
-    _send_on_commit(device_group(device_id), {"type": OUTBOX_DOORBELL})
+def tunnel_channel(channel_name: str) -> bool:
+    """A live WebSocket tunnel's channel (not empty, not a long poll's marker: polls read on their own)."""
+    return bool(channel_name) and not channel_name.startswith(LONGPOLL_PREFIX)
 
 
-def send_close(device_id: UUID | str, code: int) -> None:
-    _send_on_commit(device_group(device_id), {"type": CLOSE, "code": code})
+def send_outbox_doorbell(channel_name: str) -> None:
+    if tunnel_channel(channel_name):
+        channel_send_on_commit(channel_name, {"type": OUTBOX_DOORBELL})
+
+
+def send_close(channel_name: str, code: int) -> None:
+    if tunnel_channel(channel_name):
+        channel_send_on_commit(channel_name, {"type": CLOSE, "code": code})

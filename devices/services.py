@@ -19,6 +19,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -281,7 +282,7 @@ def device_revoke(*, device: Device, actor: Any, ip: str | None = None, reason: 
         device.refresh_from_db()
         if not changed:
             return False
-        events.send_close(device.pk, protocol.CLOSE_REVOKED)
+        events.send_close(device.channel_name, protocol.CLOSE_REVOKED)  # read under the UPDATE's row lock
         events.send_presence_changed(device)
         _audit(actor=actor, action="devices.device.revoke", subject=device.owner,
                data={"device_id": str(device.pk), "name": device.name, "kind": device.kind, "reason": reason}, ip=ip)
@@ -493,15 +494,15 @@ def device_longpoll_seen(*, device_id: Any, poll_channel: str) -> tuple[Device, 
 
 # --- durable outbox ---------------------------------------------------------------------------
 
-def _ring_once_per_commit(device_id: Any, channel_name: str = "") -> None:
-    """One doorbell per device per commit, however many items the transaction enqueued; none when the
-    live connection ``channel_name`` (read in the transaction) is in this process: it was handed the
-    items (``devices.live``).
+def _ring_once_per_commit(device_id: Any, channel_name: str) -> None:
+    """One doorbell per device per commit, however many items the transaction enqueued, to its live
+    connection ``channel_name`` (read in the transaction, under the row lock); none when that connection
+    is in this process (it was handed the items: ``devices.live``) or there is none (its hello reads).
 
     The callback registered for this device is remembered on the connection with its position in
     ``run_on_commit``; if it is still there (not rolled back), there is nothing to add.
     """
-    ring = functools.partial(_doorbell_unless_here, device_id, channel_name)
+    ring = functools.partial(_doorbell_unless_here, channel_name)
     conn = transaction.get_connection()
     if not conn.in_atomic_block:
         ring()
@@ -518,9 +519,9 @@ def _ring_once_per_commit(device_id: Any, channel_name: str = "") -> None:
     pending[key] = (index, conn.run_on_commit[index][1])
 
 
-def _doorbell_unless_here(device_id: Any, channel_name: str) -> None:
+def _doorbell_unless_here(channel_name: str) -> None:
     if live.get(channel_name) is None:
-        events.send_outbox_doorbell(device_id)
+        events.send_outbox_doorbell(channel_name)
 
 
 def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> OutboxItem:
@@ -691,24 +692,27 @@ def _ack_statements(conn: Any) -> list[tuple[str, tuple[str, ...]]]:
 
 # --- platform -> device calls -----------------------------------------------------------------
 
-def _online_device(device_id: Any) -> bool:
-    # A device in long-poll mode cannot take platform -> device requests (no channel reaches it).
-    return (Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE).exclude(channel_name="")
-            .exclude(channel_name__startswith=LONGPOLL_PREFIX).exists())
+def _tunnel_channel_of(device_id: Any) -> str:
+    """The live WebSocket connection's channel; "" when offline, revoked or long polling (a poll cannot
+    take platform -> device requests: no channel reaches it)."""
+    channel_name = (Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE)
+                    .values_list("channel_name", flat=True).first()) or ""
+    return channel_name if events.tunnel_channel(channel_name) else ""
 
 
 async def adevice_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:
     """Send a JSON-RPC request to the device wherever it is connected and wait for its answer."""
-    if not await database_sync_to_async(_online_device)(device.pk):
+    tunnel = await database_sync_to_async(_tunnel_channel_of)(device.pk)
+    if not tunnel:
         raise DeviceOffline(f"{device.name} is not connected.")
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
     call_id = f"p-{uuid.uuid4().hex}"
-    await layer.group_send(
-        events.device_group(device.pk),
-        {"type": "device.call", "call_id": call_id, "reply_channel": reply_channel, "method": method,
-         "params": params or {}},
-    )
+    try:
+        await layer.send(tunnel, {"type": "device.call", "call_id": call_id, "reply_channel": reply_channel,
+                                  "method": method, "params": params or {}})
+    except ChannelFull:  # the connection's process stopped reading it (gone): as good as offline
+        raise DeviceOffline(f"{device.name} is not connected.") from None
     try:
         async with asyncio.timeout(timeout):
             while True:

@@ -482,9 +482,9 @@ async def test_stream_notifications_are_routed_to_the_opener(paired):
     dev, _ = await connected(token)
     layer = get_channel_layer()
     mine = await layer.new_channel()
-    group = events.device_group(device.pk)
-    await layer.group_send(group, {"type": "device.stream_open", "stream": "s1", "reply_channel": mine})
-    await layer.group_send(group, {"type": "device.forward", "frame": protocol.notification("web.open", {"stream": "s1"})})
+    tunnel = (await sync_to_async(Device.objects.get)(pk=device.pk)).channel_name  # the live connection's
+    await layer.send(tunnel, {"type": "device.stream_open", "stream": "s1", "reply_channel": mine})
+    await layer.send(tunnel, {"type": "device.forward", "frame": protocol.notification("web.open", {"stream": "s1"})})
     forwarded = await dev.wait_for(lambda m: m.get("method") == "web.open")
     assert forwarded["params"] == {"stream": "s1"}
     await dev.send(protocol.notification("web.data", {"stream": "s1", "chunk": "aGk="}))
