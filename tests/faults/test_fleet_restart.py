@@ -7,7 +7,8 @@ declared cap, three times the fleet's size over the reconnect spread (README: "R
 
 CI runs FLEET devices (the budget of a 2-core machine); ``AI1NET_FAULTS_FLEET=2000`` runs the issue's
 2,000 by hand. The fleet is one process of real ``clients.common.tunnel.Tunnel`` clients
-(tests/faults/fleet.py); daphne listens with a production backlog, as the README's deployment does.
+(tests/faults/fleet.py); daphne listens with a production backlog and connect timeout, as the README's
+deployment does.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ KIND = "faults.restart"
 
 def platform(tmp_path: Path, port: int, name: str) -> Process:
     process = Process([str(VENV_BIN / "daphne"), "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=4096",
-                       "--access-log", os.devnull, "ai1net.asgi:application"], tmp_path / f"{name}.log",
+                       "--websocket_connect_timeout", "30", "--access-log", os.devnull, "ai1net.asgi:application"], tmp_path / f"{name}.log",
                       env=server_env())
 
     def healthy() -> bool:
