@@ -1,7 +1,7 @@
 """A fleet of device tunnels in one process, for the platform-restart fault test.
 
-``python -m tests.faults.fleet URL TOKENS EVENTS``: one ``clients.common.tunnel.Tunnel`` per token in
-TOKENS (one a line), with the client's own reconnect backoff and jitter; each device applies delivered
+``python -m tests.faults.fleet URL[,URL...] TOKENS EVENTS``: one ``clients.common.tunnel.Tunnel`` per token in
+TOKENS (one a line; device i to the i-th URL round robin, as a proxy in front of several processes spreads them), with the client's own reconnect backoff and jitter; each device applies delivered
 items in memory, as the bridge's inbox does on disk. EVENTS gets one JSON line per fact, with the wall
 time: ``{"t", "i", "event": "attempt"}`` as device i starts to connect, ``{"t", "i", "event": "up"}`` when device i's tunnel is (re)established, ``{"t", "i", "event":
 "applied", "seq", "kind"}`` for each item applied. Runs until killed.
@@ -44,11 +44,11 @@ class FleetTunnel(Tunnel):
         return await super()._connect_once()
 
 
-async def main(url: str, tokens: list[str], out: TextIO) -> None:
+async def main(urls: list[str], tokens: list[str], out: TextIO) -> None:
     devices = [FleetDevice(i, out) for i in range(len(tokens))]
     tunnels = []
     for device, token in zip(devices, tokens, strict=True):
-        tunnel = FleetTunnel(url, token, hello={"kind": "bridge", "version": "fleet"},
+        tunnel = FleetTunnel(urls[device.index % len(urls)], token, hello={"kind": "bridge", "version": "fleet"},
                              applied_seq=device.applied_seq, on_deliver=device.on_deliver)
         tunnel.device = device
         tunnels.append(tunnel)
@@ -76,4 +76,4 @@ if __name__ == "__main__":
     with open(tokens_path, encoding="utf-8") as handle:
         tokens = [line.strip() for line in handle if line.strip()]
     with open(events_path, "a", encoding="utf-8") as events:
-        asyncio.run(main(url, tokens, events))
+        asyncio.run(main(url.split(","), tokens, events))
