@@ -86,12 +86,14 @@ def server_env(**extra: str) -> dict[str, str]:
 class Process:
     """A child process with its output in a log file, stopped (and reaped) by `stop()`."""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path = ROOT,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self.argv = argv
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=pass_fds,
         )
 
     @property

@@ -9,8 +9,9 @@ Scaled out (PostgreSQL + Redis), the platform is two daphne processes and the fl
 as the README's proxy spreads it; every process is stopped, then all are started again.
 CI runs FLEET devices (the budget of a 2-core machine); ``AI1NET_FAULTS_FLEET=2000`` runs the issue's
 2,000 by hand. The fleet is one process of real ``clients.common.tunnel.Tunnel`` clients
-(tests/faults/fleet.py); daphne listens with a production backlog and connect timeout, as the README's
-deployment does.
+(tests/faults/fleet.py). As in the README's deployment, each daphne serves a listening socket that outlives
+it (a systemd socket unit's: backlog 4,096), so connections made during the restart wait instead of being
+refused, and daphne waits 30 s, not 5, for the application to accept a WebSocket.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import secrets
+import socket
 import sys
 import time
 import urllib.request
@@ -36,7 +38,7 @@ from ai1net.accounts.services import hash_secret
 from clients.common.tunnel import RECONNECT_SPREAD_SEC
 from devices.models import Device
 from devices.services import DEVICE_TOKEN_PREFIX, outbox_enqueue_many
-from tests.e2e_support import ROOT, VENV_BIN, Process, free_port, server_env, wait_until
+from tests.e2e_support import ROOT, VENV_BIN, Process, server_env, wait_until
 from tests.faults.support import summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -52,10 +54,17 @@ CONNECTS_PER_SEC_CAP = 3 * FLEET / RECONNECT_SPREAD_SEC
 KIND = "faults.restart"
 
 
-def platform(tmp_path: Path, port: int, name: str) -> Process:
-    process = Process([str(VENV_BIN / "daphne"), "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=4096",
-                       "--websocket_connect_timeout", "30", "--access-log", os.devnull, "ai1net.asgi:application"], tmp_path / f"{name}.log",
-                      env=server_env())
+def listener() -> socket.socket:
+    """A listening socket that outlives the daphne processes serving it, as a systemd socket unit's does
+    (README "Scaling out"): while the platform restarts, connections wait in its backlog, not refused."""
+    return socket.create_server(("127.0.0.1", 0), backlog=4096)
+
+
+def platform(tmp_path: Path, sock: socket.socket, name: str) -> Process:
+    port = sock.getsockname()[1]
+    process = Process([str(VENV_BIN / "daphne"), "--fd", str(sock.fileno()), "--websocket_connect_timeout", "30",
+                       "--access-log", os.devnull, "ai1net.asgi:application"], tmp_path / f"{name}.log",
+                      env=server_env(), pass_fds=(sock.fileno(),))
 
     def healthy() -> bool:
         assert process.alive, process.log()
@@ -70,10 +79,11 @@ def platform(tmp_path: Path, port: int, name: str) -> Process:
     return process
 
 
-def platforms(tmp_path: Path, ports: list[int], name: str) -> list[Process]:
+def platforms(tmp_path: Path, sockets: list[socket.socket], name: str) -> list[Process]:
     """The platform's daphne processes, started side by side (the restart's clock covers the slowest)."""
-    with ThreadPoolExecutor(len(ports)) as pool:
-        return list(pool.map(lambda n: platform(tmp_path, ports[n], f"daphne-{n + 1}-{name}"), range(len(ports))))
+    with ThreadPoolExecutor(len(sockets)) as pool:
+        return list(pool.map(lambda n: platform(tmp_path, sockets[n], f"daphne-{n + 1}-{name}"),
+                             range(len(sockets))))
 
 
 def write_while_down(devices: list[Device]) -> None:
@@ -115,10 +125,10 @@ def test_platform_restart_with_a_fleet_all_back_and_resumed_spread_under_the_cap
     (tmp_path / "tokens").write_text("\n".join(tokens))
     log = tmp_path / "events.jsonl"
     log.touch()
-    ports = [free_port() for _ in range(DAPHNES)]
-    servers = platforms(tmp_path, ports, "first")
+    sockets = [listener() for _ in range(DAPHNES)]
+    servers = platforms(tmp_path, sockets, "first")
     fleet_env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "REDIS_URL"))}
-    urls = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+    urls = ",".join(f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in sockets)
     fleet = Process([sys.executable, "-m", "tests.faults.fleet", urls, str(tmp_path / "tokens"), str(log)],
                     tmp_path / "fleet.log", env=fleet_env, cwd=ROOT)
     try:
@@ -129,7 +139,7 @@ def test_platform_restart_with_a_fleet_all_back_and_resumed_spread_under_the_cap
         stopped_at = time.time()
         write_while_down(devices)  # the resume must bring these
         up_at = time.time()  # from the restart command: daphne's own start-up counts
-        servers = platforms(tmp_path, ports, "restarted")
+        servers = platforms(tmp_path, sockets, "restarted")
         serving_at = time.time()
         wait_until(lambda: len({e["i"] for e in events(log) if e.get("kind") == KIND}) == FLEET,
                    timeout=60, interval=0.2, message="every device resumed")
@@ -139,6 +149,8 @@ def test_platform_restart_with_a_fleet_all_back_and_resumed_spread_under_the_cap
         fleet.stop()
         for server in servers:
             server.stop()
+        for sock in sockets:
+            sock.close()
     after = [e for e in events(log) if e["t"] > stopped_at]
     ups = [e for e in after if e["event"] == "up"]
     applied = Counter(e["i"] for e in after if e.get("kind") == KIND)
