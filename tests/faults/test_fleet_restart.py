@@ -52,6 +52,12 @@ BACK_WITHIN_SEC = 10.0
 # average while the platform is down; the declared cap leaves room for chance in any one second.
 CONNECTS_PER_SEC_CAP = 3 * FLEET / RECONNECT_SPREAD_SEC
 KIND = "faults.restart"
+# daphne as deployed (README "Scaling out"), not in the development mode of the other end-to-end tests:
+# that one keeps every statement's SQL and time, a cost a production restart does not pay. Plain HTTP on
+# loopback, as behind the proxy that terminates TLS (no redirect to https).
+PRODUCTION = {"AI1NET_DEBUG": "0", "AI1NET_SECRET_KEY": "fleet-restart-" + "k" * 40,
+              "AI1NET_ALLOWED_HOSTS": "127.0.0.1", "AI1NET_PUBLIC_URL": "http://127.0.0.1",
+              "AI1NET_SSL_REDIRECT": "0"}
 
 
 def listener() -> socket.socket:
@@ -64,7 +70,7 @@ def platform(tmp_path: Path, sock: socket.socket, name: str) -> Process:
     port = sock.getsockname()[1]
     process = Process([str(VENV_BIN / "daphne"), "--fd", str(sock.fileno()), "--websocket_connect_timeout", "30",
                        "--access-log", os.devnull, "ai1net.asgi:application"], tmp_path / f"{name}.log",
-                      env=server_env(), pass_fds=(sock.fileno(),))
+                      env=server_env(**PRODUCTION), pass_fds=(sock.fileno(),))
 
     def healthy() -> bool:
         assert process.alive, process.log()
