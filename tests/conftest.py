@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 from django.conf import settings
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.cache import cache
@@ -41,6 +42,16 @@ def _clean_cache():
     _clear_cache()
     yield
     _clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def _own_channel_layer():
+    """Every test gets a channel layer of its own. A test runs event loops one after another (its own,
+    async_to_sync's) in one process, where a daphne runs one: channels-redis keeps asyncio locks in the
+    layer, and one left held by a loop that had just ended failed the next receive on another loop
+    ("bound to a different event loop", once in a CI run). The in-memory layer's leftovers go too."""
+    yield
+    channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
 
 
 def _clear_cache() -> None:
