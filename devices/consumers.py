@@ -65,6 +65,7 @@ ABUSE_LIMIT = 20  # malformed frames ...
 ABUSE_WINDOW_SEC = 10.0  # ... within this many seconds close the tunnel with 4400
 SEEN_WRITE_SEC = 120.0  # last_seen_at is written at most this often while connected
 
+MAX_PROTOCOL_VERSION = 2**31 - 1  # Device.protocol_version's column
 SWEEP_CHUNK = 500  # device rows per query of the shared heartbeat sweep
 
 # Background tasks that outlive a consumer (ephemeral expiry): keep references so they run to the end.
@@ -130,8 +131,9 @@ def _send_signal(signal: Any, **kwargs: Any) -> None:
 
 def _validate_hello(params: dict[str, Any], device: Device) -> dict[str, Any]:
     version = params.get("protocolVersion")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError("protocolVersion must be a positive integer")
+    # Bounded by its column (a 32-bit integer): 2**63 crashed the consumer's write (found by the fuzzer).
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= MAX_PROTOCOL_VERSION:
+        raise ValueError(f"protocolVersion must be an integer from 1 to {MAX_PROTOCOL_VERSION}")
     if params.get("kind") not in (None, device.kind):
         raise ValueError(f"this token belongs to a {device.kind}, not a {params.get('kind')}")
     acked = params.get("ackedSeq", 0)

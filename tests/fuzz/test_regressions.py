@@ -110,6 +110,25 @@ def test_bridge_api_huge_timeout_or_deep_nesting_is_no_500(tmp_path, error_log, 
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("version", [2**31, 2**63, 10**30])
+async def test_a_hello_with_a_protocol_version_past_its_column_is_refused(user, error_log, version):
+    """Written as is, 2**63 crashed the consumer (psycopg: "int too big to convert"; found by the fuzzer in CI)."""
+    from asgiref.sync import sync_to_async
+
+    from tests.devices.tunnel_support import Device as FakeDevice
+
+    _, token = await sync_to_async(services.device_create)(owner=user, name="laptop", kind="bridge")
+    dev = FakeDevice(token)
+    await dev.open()
+    await dev.send(protocol.request(protocol.HELLO, {"protocolVersion": version, "kind": "bridge"}, "h1"))
+    reply = await dev.wait_for(lambda m: m.get("id") == "h1")
+    assert reply["error"]["code"] == protocol.INVALID_PARAMS and "protocolVersion" in reply["error"]["message"]
+    await dev.hello()  # the same connection takes a good one
+    await dev.close()
+    assert not error_log.since(0)
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("extra", "field"), [({"roots": ["/a\x00b"]}, "hello.roots[0]"),
                                               ({"capabilities": ["m\x00"]}, "hello.capabilities[0]"),
                                               ({"version": "1\x00"}, "hello.version"),
