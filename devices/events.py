@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ai1net.realtime import channel_send_on_commit, group_send_on_commit
-from devices.models import LONGPOLL_PREFIX
+from devices.models import is_tunnel_channel
 
 PRESENCE_CHANGED = "devices.presence.changed"
 OUTBOX_DOORBELL = "devices.outbox"
@@ -48,16 +48,11 @@ def send_presence_changed(device: Any) -> None:
     _send_on_commit(user_group(device.owner_id), {"type": PRESENCE_CHANGED, **presence_payload(device)})
 
 
-def tunnel_channel(channel_name: str) -> bool:
-    """A live WebSocket tunnel's channel (not empty, not a long poll's marker: polls read on their own)."""
-    return bool(channel_name) and not channel_name.startswith(LONGPOLL_PREFIX)
-
-
 def send_outbox_doorbell(channel_name: str) -> None:
-    if tunnel_channel(channel_name):
+    if is_tunnel_channel(channel_name):  # a poll reads on its own
         channel_send_on_commit(channel_name, {"type": OUTBOX_DOORBELL})
 
 
 def send_close(channel_name: str, code: int) -> None:
-    if tunnel_channel(channel_name):
+    if is_tunnel_channel(channel_name):
         channel_send_on_commit(channel_name, {"type": CLOSE, "code": code})

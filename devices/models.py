@@ -13,6 +13,11 @@ LONGPOLL_PREFIX = "longpoll."
 LONGPOLL_MISSES = 3
 
 
+def is_tunnel_channel(channel_name: str) -> bool:
+    """A live WebSocket tunnel's channel: not empty, not a long poll's marker (no channel reaches a poll)."""
+    return bool(channel_name) and not channel_name.startswith(LONGPOLL_PREFIX)
+
+
 class Device(models.Model):
     """A paired machine of a user's: a desktop bridge or a probe. Only a hash of its token is kept."""
 

@@ -33,7 +33,7 @@ from ai1net.limits import enforce
 from clients import protocol
 from devices import events, live, selectors
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
-from devices.models import LONGPOLL_PREFIX, Device, OutboxItem, PairingRequest
+from devices.models import LONGPOLL_PREFIX, Device, OutboxItem, PairingRequest, is_tunnel_channel
 
 # RFC 8628 6.1: 20 consonants, no vowels (no words), 8 characters -> 20^8 (about 34.5 bits).
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
@@ -342,8 +342,8 @@ def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any]) 
               "connection_count": known.connection_count + 1}
     # What the device says about itself rarely changes between hellos: write only what did.
     fields.update((name, value) for name, value in _hello_fields(hello).items() if getattr(known, name) != value)
-    # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later sees
-    # this connection as live: it is handed over or rings the doorbell of a group already joined).
+    # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later reads
+    # this connection as the live one: it is handed over, or its doorbell is sent to this channel).
     with _presence_write():
         changed = _device_update(fields, {"id": known.pk, "status": Device.Status.ACTIVE,
                                           "channel_name": known.channel_name, "next_seq": known.next_seq,
@@ -569,16 +569,16 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
     with transaction.atomic(savepoint=False):
         now = timezone.now()
         conn = transaction.get_connection()
-        if conn.vendor == "postgresql" and len(items) <= _INSERT_BATCH:
-            # One round trip: the seqs' UPDATE and the rows' INSERT in one statement.
+        # On PostgreSQL one round trip: the seqs' UPDATE and the rows' INSERT in one statement.
+        inserted = conn.vendor == "postgresql" and len(items) <= _INSERT_BATCH
+        if inserted:
             end, channel_name = _allocate_and_insert_postgresql(conn, device.pk, items, now)
-            rows = [OutboxItem(device_id=device.pk, seq=end - len(items) + i, kind=kind, payload=payload,
-                               created_at=now) for i, (kind, payload) in enumerate(items)]
         else:
             end, channel_name = _allocate_seqs(device.pk, len(items))
-            first = end - len(items)
-            rows = [OutboxItem(device_id=device.pk, seq=first + i, kind=kind, payload=payload, created_at=now)
-                    for i, (kind, payload) in enumerate(items)]
+        first = end - len(items)
+        rows = [OutboxItem(device_id=device.pk, seq=first + i, kind=kind, payload=payload, created_at=now)
+                for i, (kind, payload) in enumerate(items)]
+        if not inserted:
             for start in range(0, len(rows), _INSERT_BATCH):
                 _outbox_insert(rows[start:start + _INSERT_BATCH])
         if live.get(channel_name) is not None:
@@ -703,7 +703,7 @@ def _tunnel_channel_of(device_id: Any) -> str:
     take platform -> device requests: no channel reaches it)."""
     channel_name = (Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE)
                     .values_list("channel_name", flat=True).first()) or ""
-    return channel_name if events.tunnel_channel(channel_name) else ""
+    return channel_name if is_tunnel_channel(channel_name) else ""
 
 
 async def adevice_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:

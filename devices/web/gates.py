@@ -42,7 +42,7 @@ from ai1net.accounts.selectors import device_web_active, otp_session_ok
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
 from devices.errors import DeviceOffline
-from devices.models import Device
+from devices.models import Device, is_tunnel_channel
 from devices.selectors import access_device
 
 
@@ -183,8 +183,8 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
         values[name] = Device._meta.get_field(name).from_db_value(values[name], None, connection)
     names = [f.attname for f in Device._meta.concrete_fields if f.attname in values]
     device = Device.from_db(connection.alias, names, [values[name] for name in names])
-    if (device.status != Device.Status.ACTIVE or device.kind != Device.Kind.BRIDGE or not device.channel_name
-            or device.is_long_polling or number not in (device.ports or [])):
+    if (device.status != Device.Status.ACTIVE or device.kind != Device.Kind.BRIDGE
+            or not is_tunnel_channel(device.channel_name) or number not in (device.ports or [])):
         return None
     user.backend = MODEL_BACKEND
     device.owner = user
