@@ -7,7 +7,9 @@ for every connection at once: ``CursorWrapper._execute`` is wrapped for the test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -143,19 +145,27 @@ def test_the_token_read_compiled_once_gives_what_the_orm_gives(user):
     assert selectors.device_by_token(raw_token="") is None
 
 
-async def test_what_a_connect_receiver_enqueues_is_sent_without_reading_the_outbox(user, statements):
+@contextlib.asynccontextmanager
+async def bridge_with_receiver(user, receiver) -> AsyncIterator[str]:
+    """A bridge that holds the switch already (mobile reply enqueues nothing when it connects), with
+    ``receiver`` on ``device_connected`` for the block; yields its token."""
     from devices import signals
     from mobile.models import BridgeSwitchSent
 
     device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
-    # The bridge holds the switch already: this test's receiver is the only one that enqueues.
     await db(BridgeSwitchSent.objects.create)(device=device, enabled=False)
+    signals.device_connected.connect(receiver, weak=False, dispatch_uid="t-connect-receiver")
+    try:
+        yield token
+    finally:
+        signals.device_connected.disconnect(dispatch_uid="t-connect-receiver")
 
+
+async def test_what_a_connect_receiver_enqueues_is_sent_without_reading_the_outbox(user, statements):
     def enqueue_on_connect(sender, device, **kwargs):
         services.outbox_enqueue(device=device, kind="hello.state", payload={"on": True})
 
-    signals.device_connected.connect(enqueue_on_connect, weak=False, dispatch_uid="t-enqueue-on-connect")
-    try:
+    async with bridge_with_receiver(user, enqueue_on_connect) as token:  # the only receiver that enqueues
         statements.clear()
         dev = FakeDevice(token)
         await dev.open()
@@ -165,23 +175,14 @@ async def test_what_a_connect_receiver_enqueues_is_sent_without_reading_the_outb
         await settle()
         assert not [s for s in statements.sql if "devices_outboxitem" in s and s.lstrip().startswith("SELECT")]
         await dev.close()
-    finally:
-        signals.device_connected.disconnect(dispatch_uid="t-enqueue-on-connect")
 
 
 async def test_a_receiver_changing_its_device_does_not_change_the_hellos(user, statements):
     """The receivers run in the database thread while the hello goes on on the loop: each gets a copy."""
-    from devices import signals
-    from mobile.models import BridgeSwitchSent
-
-    device, token = await db(services.device_create)(owner=user, name="d", kind="bridge")
-    await db(BridgeSwitchSent.objects.create)(device=device, enabled=False)
-
     def meddle(sender, device, **kwargs):
         device.next_seq += 5  # at once, without a database trip: before the loop reads it
 
-    signals.device_connected.connect(meddle, weak=False, dispatch_uid="t-meddle")
-    try:
+    async with bridge_with_receiver(user, meddle) as token:
         statements.clear()
         dev = FakeDevice(token)
         await dev.open()
@@ -189,8 +190,6 @@ async def test_a_receiver_changing_its_device_does_not_change_the_hellos(user, s
         await settle()
         assert not [s for s in statements.sql if "devices_outboxitem" in s], statements.sql
         await dev.close()
-    finally:
-        signals.device_connected.disconnect(dispatch_uid="t-meddle")
 
 
 async def test_items_from_concurrent_producers_in_this_process_arrive_once_each_in_order(user):
