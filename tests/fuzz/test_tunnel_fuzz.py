@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,6 +108,9 @@ def close_loop(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
+    # The next example runs on a new loop: with a new layer too (channels-redis keeps asyncio locks in it,
+    # and one still held for this loop failed the next example's receive: "bound to a different event loop").
+    channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
 
 
 @pytest.fixture
