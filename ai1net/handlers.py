@@ -1,13 +1,23 @@
-"""Django's ASGI handler with its request threads kept, as a WSGI server keeps its workers.
+"""Django's ASGI handler, run as a WSGI server runs Django: one thread hop per request, threads kept.
 
-Django runs each HTTP request's synchronous code (middleware, views, the ORM) inside
-``ThreadSensitiveContext()``, and without an executor of its own that context starts a new thread for
-every request. Database connections are per thread, so every request also opened a new connection
-(on SQLite a connect and its PRAGMAs) before any work: a leading cost of a bare API request in a
-py-spy profile of daphne. Here each request borrows an idle single-thread executor (making one when
-none is idle) and gives it back when done, so a thread and its connection serve one request after
-another; there are never more threads than requests that ran at the same time. Connections still go
-through Django's request_started/request_finished checks (``CONN_MAX_AGE``, health checks) as under WSGI.
+Two costs of Django's own ASGI handler lead a py-spy profile of a bare API POST on daphne:
+
+- **Hops.** Under ASGI, Django builds its middleware chain in async mode. Our middleware (Django's,
+  django-otp's, ours) is synchronous code, so every ``process_request``/``process_response`` of it, the
+  ``request_started`` receivers, the view and ``response.close()`` each cross from the event loop to the
+  request's thread and back: about a dozen hops per request, each a queue, a thread wake-up and an event
+  loop wake-up (half the event loop's time per request). A request for a synchronous view here makes
+  *one* hop: ``request_started``, the request object, the whole middleware chain (built in sync mode, as
+  under WSGI), the view and, for a response already in memory, ``response.close()`` (``request_finished``)
+  run in the request's thread in one call; the loop then writes the response. Views that are coroutines
+  (the long-poll) keep Django's async path, so a waiting request never holds a thread.
+- **Threads.** Without an executor of its own, ``ThreadSensitiveContext()`` starts a new thread for
+  every request, and database connections are per thread: every request also opened a new connection
+  (on SQLite a connect and its PRAGMAs). Here each request borrows an idle single-thread executor
+  (making one when none is idle) and gives it back when done, so a thread and its connection serve one
+  request after another; there are never more threads than requests that ran at the same time.
+  Connections still go through ``request_started``/``request_finished`` (``CONN_MAX_AGE``, health
+  checks) as under WSGI.
 """
 
 from __future__ import annotations
@@ -16,13 +26,22 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import django
-from asgiref.sync import ThreadSensitiveContext
-from django.core.handlers.asgi import ASGIHandler
+from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.base import BaseHandler
+from django.http import FileResponse, HttpResponseBase
+from django.urls import Resolver404, get_resolver, set_script_prefix
 
 
 class KeptThreadsASGIHandler(ASGIHandler):
+    urlconf: str | None = None  # None: settings.ROOT_URLCONF (a subclass may serve other URLs)
+
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # Django's async chain, for coroutine views
+        self._sync_chain = BaseHandler()
+        self._sync_chain.load_middleware(is_async=False)  # the same middleware, built as under WSGI
         self._idle: list[ThreadPoolExecutor] = []  # touched on the event loop only
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -30,14 +49,72 @@ class KeptThreadsASGIHandler(ASGIHandler):
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         executor = self._idle.pop() if self._idle else ThreadPoolExecutor(max_workers=1,
                                                                             thread_name_prefix="django-request")
+        if self._view_is_async(scope):
+            try:
+                async with ThreadSensitiveContext(executor=executor):
+                    await self.handle(scope, receive, send)
+            finally:
+                # Free by now: a view whose request was cancelled (the client went away) may go on in this
+                # thread, but Django's handle() always ends with a thread-sensitive call (response.close()
+                # or the request_finished receivers) that queues behind it on this one-thread executor.
+                self._idle.append(executor)
+            return
         try:
             async with ThreadSensitiveContext(executor=executor):
-                await self.handle(scope, receive, send)
+                await self._handle_in_one_hop(scope, receive, send)
+        except BaseException:
+            # Cancelled (daphne gives up on an app some seconds after its client left) or failed: the
+            # thread may still be inside the view. Never lend it again; it ends when the view does.
+            executor.shutdown(wait=False)
+            raise
+        self._idle.append(executor)
+
+    def create_request(self, scope: dict[str, Any], body_file: Any) -> tuple[Any, Any]:
+        request, error = super().create_request(scope, body_file)
+        if request is not None and self.urlconf is not None:
+            request.urlconf = self.urlconf
+        return request, error
+
+    def _view_is_async(self, scope: dict[str, Any]) -> bool:
+        """Whether the URL's view is a coroutine (Django's async path); unknown URLs take the sync one."""
+        path = scope["path"]
+        script_name = get_script_prefix(scope).rstrip("/")
+        if script_name and path.startswith(script_name):
+            path = path[len(script_name):]
+        try:
+            match = get_resolver(self.urlconf).resolve(path or "/")
+        except Resolver404:
+            return False
+        return iscoroutinefunction(match.func)
+
+    async def _handle_in_one_hop(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            response = await sync_to_async(self._respond, thread_sensitive=True)(scope, body_file)
+            try:
+                await self.send_response(response, send)
+            finally:
+                if response.streaming:  # its body was produced while sending: close (request_finished) now
+                    await sync_to_async(response.close)()
         finally:
-            # Free by now: a view whose request was cancelled (the client went away) may go on in this
-            # thread, but handle() always ends with a thread-sensitive call (response.close() or the
-            # request_finished receivers) that queues behind it on this one-thread executor.
-            self._idle.append(executor)
+            body_file.close()
+
+    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        """What a WSGI worker does for one request, in the request's thread."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self._sync_chain.get_response(request)
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size  # the ASGI server does the low-level chunking
+        if not response.streaming:
+            response.close()  # its content is in memory: request_finished here, not one more hop later
+        return response
 
 
 def get_asgi_application() -> KeptThreadsASGIHandler:

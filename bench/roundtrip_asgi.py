@@ -24,11 +24,11 @@ from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 from rest_framework.request import Request  # noqa: E402
 from rest_framework.response import Response  # noqa: E402
 
+from ai1net.handlers import KeptThreadsASGIHandler  # noqa: E402
 from bench.bench_asgi import application as inner  # noqa: E402 - sets Django up before the app's modules
 from mobile.api import AnswerSerializer, MobileView  # noqa: E402
 
@@ -43,14 +43,10 @@ class FloorView(MobileView):
 urlpatterns = [path("bench/floor", FloorView.as_view())]
 
 
-class _FloorHandler(ASGIHandler):
-    """Django's ASGI handler, resolving against this module's URLs only (same settings, same middleware)."""
+class _FloorHandler(KeptThreadsASGIHandler):
+    """The app's ASGI handler, resolving against this module's URLs only (same settings, same middleware)."""
 
-    def create_request(self, scope: dict[str, Any], body_file: Any) -> tuple[Any, Any]:
-        request, error = super().create_request(scope, body_file)
-        if request is not None:
-            request.urlconf = __name__
-        return request, error
+    urlconf = __name__
 
 
 floor = _FloorHandler()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from channels.testing import HttpCommunicator
+from django.core.signals import request_finished, request_started
 from django.db import connection, connections
-from django.http import JsonResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
 from ai1net.handlers import KeptThreadsASGIHandler
 
@@ -101,3 +104,117 @@ async def test_a_thread_still_busy_with_a_cancelled_request_serves_no_other_unti
     release.set()
     await gone.wait(5)
     await idle(app, 2)
+
+
+# --- one hop per request --------------------------------------------------------------------------
+
+class CountingExecutor(ThreadPoolExecutor):
+    """A request thread that counts the calls handed to it: each is one hop from the event loop."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="django-request")
+        self.calls = 0
+
+    def submit(self, *args, **kwargs):
+        self.calls += 1
+        return super().submit(*args, **kwargs)
+
+
+trace: list[tuple[str, int]] = []
+
+
+@csrf_exempt
+def traced_view(request):
+    trace.append(("view", threading.get_ident()))
+    return JsonResponse({"ok": True})
+
+
+@csrf_exempt
+async def coroutine_view(request):
+    trace.append(("coroutine view", threading.get_ident()))
+    return JsonResponse({"ok": True})
+
+
+@csrf_exempt
+def streaming_view(request):
+    def body():
+        yield b"first "
+        trace.append(("last chunk", threading.get_ident()))
+        yield b"last"
+
+    return StreamingHttpResponse(body())
+
+
+urlpatterns += [path("traced", traced_view), path("coroutine", coroutine_view), path("streaming", streaming_view)]
+
+
+@pytest.fixture
+def traced():
+    trace.clear()
+
+    def started(**kwargs):
+        trace.append(("request_started", threading.get_ident()))
+
+    def finished(**kwargs):
+        trace.append(("request_finished", threading.get_ident()))
+
+    request_started.connect(started)
+    request_finished.connect(finished)
+    yield trace
+    request_started.disconnect(started)
+    request_finished.disconnect(finished)
+
+
+async def fetch(app, path: str) -> dict:
+    communicator = HttpCommunicator(app, "POST", path, body=b'{"a": 1}',
+                                    headers=[(b"host", b"127.0.0.1"), (b"content-type", b"application/json")])
+    response = await communicator.get_response(10)
+    await communicator.wait(5)
+    return response
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_a_sync_view_its_middleware_and_the_request_signals_run_in_one_hop(app, traced):
+    executor = CountingExecutor()
+    app._idle.append(executor)
+    response = await fetch(app, "/traced")
+    assert response["status"] == 200 and json.loads(response["body"]) == {"ok": True}
+    assert [name for name, _ in traced] == ["request_started", "view", "request_finished"]
+    assert len({thread for _, thread in traced}) == 1 and traced[0][1] != threading.get_ident()
+    assert executor.calls == 1  # Django's async chain made a dozen (each middleware hook, the signals, the view)
+    assert app._idle == [executor]  # lent again
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_a_coroutine_view_keeps_djangos_async_path_and_runs_on_the_event_loop(app, traced):
+    response = await fetch(app, "/coroutine")
+    assert response["status"] == 200
+    assert ("coroutine view", threading.get_ident()) in traced  # no thread held while it waits
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_a_streaming_response_finishes_the_request_after_its_last_chunk(app, traced):
+    communicator = HttpCommunicator(app, "GET", "/streaming", headers=[(b"host", b"127.0.0.1")])
+    await communicator.send_input({"type": "http.request", "body": b""})
+    start = await communicator.receive_output(10)
+    body = b""
+    while True:
+        message = await communicator.receive_output(10)
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await communicator.wait(5)
+    assert start["status"] == 200 and body == b"first last"
+    names = [name for name, _ in traced]
+    assert names.index("last chunk") < names.index("request_finished")
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_an_unknown_url_is_djangos_404_through_the_middleware(app):
+    response = await fetch(app, "/nowhere")
+    assert response["status"] == 404
+    assert (b"x-frame-options", b"DENY") in [(k.lower(), v) for k, v in response["headers"]]
