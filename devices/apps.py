@@ -9,3 +9,7 @@ class DevicesConfig(AppConfig):
 
         # Each app's device -> platform request handlers (`<app>/rpc.py`, @device_method).
         autodiscover_modules("rpc")
+        # Device-web bodies pass through buffers of up to 1 MiB: keep freed ones mapped (clients.memory).
+        from clients.memory import keep_freed_memory
+
+        keep_freed_memory()

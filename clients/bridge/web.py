@@ -589,6 +589,9 @@ def install(core: Any) -> None:
     """Plug into the bridge daemon (clients.bridge.daemon): one forwarder per daemon run."""
 
     async def startup(daemon: Any) -> None:
+        from clients.memory import keep_freed_memory
+
+        keep_freed_memory()  # body chunks pass through buffers of up to 1 MiB (see clients/memory.py)
         tunnel = daemon.tunnel
         audit = getattr(daemon, "audit", None)
         if audit is None:

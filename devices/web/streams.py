@@ -410,3 +410,22 @@ def reset_error(params: dict[str, Any]) -> ApplicationError:
     reason = str(params.get("reason") or "upstream_error")[:50]
     detail = str(params.get("detail") or "The device could not complete the request.")[:500]
     return ApplicationError(detail, code=reason, status=RESET_STATUS.get(reason, 502))
+
+
+TUNNEL_READ_BYTES = protocol.WEB_BIN_CHUNK_BYTES + 64 * 1024  # a whole binary data frame per read, mostly
+
+
+def tune_tunnel_socket(transport: Any) -> None:
+    """A device tunnel's Twisted transport (ai1net.asgi): read up to TUNNEL_READ_BYTES per call instead of
+    Twisted's 64 KiB (a 1 MiB data frame took 16 reads, each a trip through autobahn's frame parser and its
+    unmasking, and 16 pieces to join), and send each write at once (TCP_NODELAY: a web.open or a credit
+    must not wait behind the ACK of the previous frame)."""
+    if transport is None:
+        return
+    if isinstance(getattr(transport, "bufferSize", None), int) and transport.bufferSize < TUNNEL_READ_BYTES:
+        transport.bufferSize = TUNNEL_READ_BYTES
+    if hasattr(transport, "setTcpNoDelay"):
+        try:
+            transport.setTcpNoDelay(True)
+        except OSError:
+            pass
