@@ -28,6 +28,13 @@ IDLE_TIMEOUT = 300.0  # no credit, no data from either side for this long: give 
 LIVENESS_TICK = 1.0  # how often a waiting stream checks that its tunnel connection is still the same
 LOOPBACK = "127.0.0.1"
 FIRST_CHUNK = 32 * 1024
+# Connections to a local server are kept for the next request (HTTP/1.1 keep-alive) when the request is one a
+# client may send again (idempotent, no body): a connection the server closed while idle is then retried
+# once on a new one, as browsers and urllib3 do. At most KEEP_IDLE per port, each for KEEP_IDLE_SEC (below
+# the 5 s that common servers keep an idle connection).
+KEEP_IDLE = 8
+KEEP_IDLE_SEC = 4.0
+REPEATABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
@@ -56,6 +63,56 @@ class StreamError(Exception):
 
 class _Gone(Exception):
     """The tunnel connection the stream belonged to is gone: end quietly."""
+
+
+class _Stale(Exception):
+    """A kept connection the local server had closed: it answered nothing (the request goes again)."""
+
+
+Connection = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class IdleConnections:
+    """Kept connections to the local servers, by (port, reader limit); the most recently used first."""
+
+    def __init__(self) -> None:
+        self.idle: Dict[Tuple[int, int], List[Tuple[Connection, float]]] = {}
+
+    def take(self, key: Tuple[int, int]) -> Optional[Connection]:
+        self._expire()
+        kept = self.idle.get(key)
+        while kept:
+            (reader, writer), _ = kept.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()
+        return None
+
+    def put(self, key: Tuple[int, int], connection: Connection) -> None:
+        self._expire()
+        reader, writer = connection
+        kept = self.idle.setdefault(key, [])
+        # Bytes past the response (``_buffer``: asyncio.StreamReader's, no public way to ask) would be read as
+        # the next response's: such a server does not get its connection kept.
+        if reader.at_eof() or writer.is_closing() or getattr(reader, "_buffer", b"") or len(kept) >= KEEP_IDLE:
+            writer.close()
+            return
+        kept.append((connection, asyncio.get_running_loop().time()))
+
+    def _expire(self) -> None:
+        oldest = asyncio.get_running_loop().time() - KEEP_IDLE_SEC
+        for key in list(self.idle):
+            kept = self.idle[key]
+            while kept and kept[0][1] < oldest:
+                kept.pop(0)[0][1].close()
+            if not kept:
+                del self.idle[key]
+
+    def close(self) -> None:
+        for kept in self.idle.values():
+            for (_, writer), _ in kept:
+                writer.close()
+        self.idle.clear()
 
 
 def clean_headers(raw: Any, *, drop: Iterable[str] = ()) -> List[Tuple[str, str]]:
@@ -104,6 +161,7 @@ class WebForwarder:
         self.generation = generation
         self.audit = audit
         self.streams: Dict[str, _Stream] = {}
+        self.connections = IdleConnections()
         self.refused = 0  # for status and tests
 
     def handle(self, method: str, params: Dict[str, Any]) -> None:
@@ -154,6 +212,7 @@ class WebForwarder:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.streams.clear()
+        self.connections.close()
 
 
 class _Stream:
@@ -322,38 +381,64 @@ class HttpStream(_Stream):
         headers = clean_headers(self.params.get("headers") or [])
         length = _content_length(self.params.get("headers") or [])
         has_body = bool(self.params.get("body"))
+        repeatable = method in REPEATABLE_METHODS and not has_body
+        key = (port, self.chunk)
+        head = [f"{method} {target} HTTP/1.1", f"Host: {LOOPBACK}:{port}"]
+        if not repeatable:
+            head.append("Connection: close")
+        head += [f"{name}: {value}" for name, value in headers]
+        chunked = has_body and length is None
+        if length is not None:
+            head.append(f"Content-Length: {length}")
+        elif chunked:
+            head.append("Transfer-Encoding: chunked")
+        request_head = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+        kept = self.fw.connections.take(key) if repeatable else None
+        while True:
+            reader, writer = kept or await self._connect(port)
+            keep = False
+            try:
+                keep = await self._exchange(reader, writer, request_head, method, has_body=has_body,
+                                            chunked=chunked, stale_ok=kept is not None)
+                return
+            except _Stale:
+                kept = None  # the request again, on a new connection
+            finally:
+                if keep:
+                    self.fw.connections.put(key, (reader, writer))
+                else:
+                    writer.close()
+
+    async def _connect(self, port: int) -> Connection:
         try:
             # The reader's buffer holds up to two chunks: a fast local server fills whole frames.
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port, limit=self.chunk),
-                                                    CONNECT_TIMEOUT)
+            return await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port, limit=self.chunk), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             raise StreamError(protocol.WEB_RESET_UNREACHABLE,
                               f"nothing answers on {LOOPBACK}:{port} ({exc.__class__.__name__})") from None
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request_head: bytes,
+                        method: str, *, has_body: bool, chunked: bool, stale_ok: bool) -> bool:
+        """One request and its response; True when the connection may serve the next request."""
         uploader: Optional[asyncio.Future] = None
         try:
-            chunked = has_body and length is None
-            head = [f"{method} {target} HTTP/1.1", f"Host: {LOOPBACK}:{port}", "Connection: close"]
-            head += [f"{name}: {value}" for name, value in headers]
-            if length is not None:
-                head.append(f"Content-Length: {length}")
-            elif chunked:
-                head.append("Transfer-Encoding: chunked")
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            writer.write(request_head)
             uploader = asyncio.ensure_future(self._upload(writer, chunked=chunked, expect=has_body))
             uploader.add_done_callback(self._upload_done)
             try:
-                status, reason, response_headers = await self._read_head(reader)
+                status, reason, response_headers, keep = await self._read_head(reader, stale_ok=stale_ok)
                 framing = _framing(method, status, response_headers)
-                keep = HOP_BY_HOP - {"content-length"} if framing[0] != "chunked" else HOP_BY_HOP
+                keep = keep and framing[0] != "close"
+                dropped = HOP_BY_HOP - {"content-length"} if framing[0] != "chunked" else HOP_BY_HOP
                 head = {"status": status, "reason": reason,
-                        "headers": [[n, v] for n, v in response_headers if n.lower() not in keep]}
+                        "headers": [[n, v] for n, v in response_headers if n.lower() not in dropped]}
                 if self.binary and (framing[0] == "none" or (
                         framing[0] == "length" and framing[1] <= protocol.WEB_INLINE_BODY_BYTES)):
                     # A small (or no) body rides in the head's frame: one frame instead of three.
                     body = await self._read_exactly(reader, framing[1]) if framing[0] == "length" else b""
                     await self.send(protocol.WEB_RESPONSE, dict(head, end=True,
                                                                 body=base64.b64encode(body).decode("ascii")))
-                    return
+                    return keep
                 await self.send(protocol.WEB_RESPONSE, head)
                 await self._download(reader, framing)
             except asyncio.CancelledError:
@@ -361,11 +446,11 @@ class HttpStream(_Stream):
                     raise self.upload_error from None
                 raise
             await self.send(protocol.WEB_END, {})
+            return keep
         finally:
             if uploader is not None:
                 uploader.cancel()
                 await asyncio.gather(uploader, return_exceptions=True)
-            writer.close()
 
     def _upload_done(self, task: asyncio.Future) -> None:
         if task.cancelled() or task.exception() is None:
@@ -398,11 +483,16 @@ class HttpStream(_Stream):
                 await writer.drain()
                 return
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> Tuple[int, str, List[Tuple[str, str]]]:
+    async def _read_head(self, reader: asyncio.StreamReader, *, stale_ok: bool = False
+                         ) -> Tuple[int, str, List[Tuple[str, str]], bool]:
+        """(status, reason, headers, whether the server keeps the connection) of the response."""
         while True:  # skip interim 1xx responses (100 Continue, 103 Early Hints)
             try:
                 raw = await self._wait(lambda: reader.readuntil(b"\r\n\r\n"), "response from the local server")
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError) as exc:
+                if stale_ok and (isinstance(exc, ConnectionError) or (
+                        isinstance(exc, asyncio.IncompleteReadError) and not exc.partial)):
+                    raise _Stale() from None
                 raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR,
                                   f"the local server closed or sent a bad response head ({exc.__class__.__name__})"
                                   ) from None
@@ -424,10 +514,13 @@ class HttpStream(_Stream):
             if len(headers) > protocol.WEB_MAX_HEADERS:
                 raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "too many response headers")
             if 100 <= status < 200 and status != 101:
+                stale_ok = False  # it answered
                 continue
             if not 200 <= status <= 599:
                 raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, f"unexpected status {status}")
-            return status, parts[2] if len(parts) > 2 else "", headers
+            close = any(n.lower() == "connection" and "close" in v.lower() for n, v in headers)
+            keep = parts[0] == "HTTP/1.1" and not close
+            return status, parts[2] if len(parts) > 2 else "", headers, keep
 
     async def _read_exactly(self, reader: asyncio.StreamReader, size: int) -> bytes:
         try:

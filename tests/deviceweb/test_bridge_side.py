@@ -217,3 +217,91 @@ async def test_a_platform_that_ignores_credit_gets_its_stream_reset_not_the_memo
     finally:
         await forwarder.close()
         server.close()
+
+
+async def _get(forwarder: WebForwarder, sent: list, port: int, stream: str, method: str = "GET") -> dict:
+    """One request through the forwarder (text frames); the device's last frame of the stream."""
+    forwarder.handle(protocol.WEB_OPEN, {"stream": stream, "method": method, "path": "/", "query": "", "port": port,
+                                         "headers": [], "body": False})
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        last = [(m, p) for m, p in sent if p.get("stream") == stream and m in (protocol.WEB_END, protocol.WEB_RESET)]
+        if last:
+            return {"method": last[0][0], "params": last[0][1],
+                    "body": b"".join(base64.b64decode(p["data"]) for m, p in sent
+                                     if m == protocol.WEB_DATA and p["stream"] == stream)}
+        assert asyncio.get_running_loop().time() < deadline, "no end of the stream"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_local_server_that_keeps_connections_serves_the_next_request_on_the_same_one():
+    """GETs reuse a kept connection; a POST, and a response that says close, do not; a kept connection the
+    server closed meanwhile costs nothing but a new one (the GET goes again)."""
+    port = web_port()
+    connections: list[int] = []
+    requests: list[bytes] = []
+    close_next = {"flag": False}
+
+    async def keep_alive(reader, writer) -> None:
+        connections.append(1)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                requests.append(head)
+                if close_next["flag"]:  # answers nothing: a connection closed while it was idle
+                    close_next["flag"] = False
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(keep_alive, "127.0.0.1", port)
+    sent: list[tuple[str, dict]] = []
+
+    async def notify(method: str, params: dict, generation: int) -> bool:
+        sent.append((method, params))
+        return True
+
+    forwarder = WebForwarder([port], notify, lambda: 1)
+    try:
+        for i in range(3):
+            end = await _get(forwarder, sent, port, f"g{i}")
+            assert end["method"] == protocol.WEB_END and end["body"] == b"hello"
+        assert len(connections) == 1 and len(requests) == 3
+        assert all(b"connection: close" not in r.lower() for r in requests)
+
+        close_next["flag"] = True  # the kept connection dies with the next request on it
+        end = await _get(forwarder, sent, port, "retried")
+        assert end["method"] == protocol.WEB_END and end["body"] == b"hello"
+        assert len(connections) == 2 and len(requests) == 5  # the request went twice, answered once
+
+        end = await _get(forwarder, sent, port, "post", method="POST")  # not repeatable: its own connection
+        assert end["method"] == protocol.WEB_END
+        assert len(connections) == 3 and b"connection: close" in requests[-1].lower()
+    finally:
+        await forwarder.close()
+        server.close()
+
+
+async def test_a_response_that_says_close_is_not_kept():
+    port = web_port()
+    seen: list[int] = []
+    server = await listener(port, seen)  # answers "Connection: close" and closes
+    sent: list[tuple[str, dict]] = []
+
+    async def notify(method: str, params: dict, generation: int) -> bool:
+        sent.append((method, params))
+        return True
+
+    forwarder = WebForwarder([port], notify, lambda: 1)
+    try:
+        for i in range(2):
+            end = await _get(forwarder, sent, port, f"s{i}")
+            assert end["method"] == protocol.WEB_END and end["body"] == b"hello"
+        assert len(seen) == 2
+        assert not forwarder.connections.idle
+    finally:
+        await forwarder.close()
+        server.close()
