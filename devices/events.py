@@ -7,7 +7,8 @@ A device's live tunnel connection has no group: messages for it go to its channe
 so no hello can make another connection live between that read and the commit).
 
 Channel-layer message types handled by the tunnel consumer (devices.consumers.DeviceConsumer):
-  devices.outbox     doorbell: "read the outbox" (one per commit, never one per item)
+  devices.outbox     doorbell: "read the outbox" (one per commit, never one per item); with
+                     {frames: [[seq, deliver frame], ...]} the committed items themselves (send these)
   devices.close      {code}: close the tunnel with this code (revocation: 4403)
   devices.replaced   close with 4409 (sent to the older connection's channel)
   device.call        {call_id, reply_channel, method, params} -> reply {type: device.call.reply, call_id, response}
@@ -48,9 +49,13 @@ def send_presence_changed(device: Any) -> None:
     _send_on_commit(user_group(device.owner_id), {"type": PRESENCE_CHANGED, **presence_payload(device)})
 
 
-def send_outbox_doorbell(channel_name: str) -> None:
+def send_outbox_doorbell(channel_name: str, frames: list[tuple[int, str]] | None = None) -> None:
+    """``frames``: the committed items it rings for, as (seq, deliver frame), when the ringer has them."""
     if is_tunnel_channel(channel_name):  # a poll reads on its own
-        channel_send_on_commit(channel_name, {"type": OUTBOX_DOORBELL})
+        message: dict[str, Any] = {"type": OUTBOX_DOORBELL}
+        if frames:
+            message["frames"] = frames
+        channel_send_on_commit(channel_name, message)
 
 
 def send_close(channel_name: str, code: int) -> None:

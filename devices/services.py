@@ -500,34 +500,57 @@ def device_longpoll_seen(*, device_id: Any, poll_channel: str) -> tuple[Device, 
 
 # --- durable outbox ---------------------------------------------------------------------------
 
-def _ring_once_per_commit(device_id: Any, channel_name: str) -> None:
+# A doorbell to a connection in another process carries the items it rings for, already rendered as
+# deliver frames, up to this many bytes of them: that process sends them without reading the outbox (a
+# thread hop and a query per delivery). Larger, or several enqueues for the device in one transaction:
+# a plain doorbell, and the outbox is read as before. Either way the rows are committed first.
+DOORBELL_FRAMES_MAX_BYTES = 32 * 1024
+
+
+class _Ring:
+    """This transaction's doorbell for one device: the frames of its one enqueue, or None (read)."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self, frames: list[tuple[int, str]] | None) -> None:
+        self.frames = frames
+
+
+def _ring_once_per_commit(device_id: Any, channel_name: str, frames: list[tuple[int, str]] | None) -> None:
     """One doorbell per device per commit, however many items the transaction enqueued, to its live
     connection ``channel_name`` (read in the transaction, under the row lock); none when that connection
     is in this process (it was handed the items: ``devices.live``) or there is none (its hello reads).
 
     The callback registered for this device is remembered on the connection with its position in
-    ``run_on_commit``; if it is still there (not rolled back), there is nothing to add.
+    ``run_on_commit``; if it is still there (not rolled back), there is nothing to add. The doorbell
+    carries ``frames`` when its callback's own enqueue was the transaction's only one for the device:
+    the callback lives exactly as long as that enqueue's rows (a rolled-back savepoint takes both),
+    while a second enqueue's rows might not, so then the doorbell says "read" instead.
     """
-    ring = functools.partial(_doorbell_unless_here, channel_name)
     conn = transaction.get_connection()
     if not conn.in_atomic_block:
-        ring()
+        _doorbell_unless_here(channel_name, _Ring(frames))
         return
     pending = conn.__dict__.setdefault("_devices_doorbells", {})
     key = str(device_id)
     entry = pending.get(key)
     if entry is not None:
-        index, marker = entry
+        index, marker, ring = entry
         if index < len(conn.run_on_commit) and conn.run_on_commit[index][1] is marker:
+            ring.frames = None
             return
+    ring = _Ring(frames)
     index = len(conn.run_on_commit)
-    transaction.on_commit(ring)
-    pending[key] = (index, conn.run_on_commit[index][1])
+    transaction.on_commit(functools.partial(_doorbell_unless_here, channel_name, ring))
+    pending[key] = (index, conn.run_on_commit[index][1], ring)
 
 
-def _doorbell_unless_here(channel_name: str) -> None:
+def _doorbell_unless_here(channel_name: str, ring: _Ring) -> None:
     if live.get(channel_name) is None:
-        events.send_outbox_doorbell(channel_name)
+        frames = ring.frames
+        if frames is not None and sum(len(frame) for _, frame in frames) > DOORBELL_FRAMES_MAX_BYTES:
+            frames = None
+        events.send_outbox_doorbell(channel_name, frames)
 
 
 def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> OutboxItem:
@@ -581,13 +604,15 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
         if not inserted:
             for start in range(0, len(rows), _INSERT_BATCH):
                 _outbox_insert(rows[start:start + _INSERT_BATCH])
-        if live.get(channel_name) is not None:
+        frames = None
+        if is_tunnel_channel(channel_name):
             # Rendered now, as committed: the caller may change its payload dicts before the commit.
             frames = [(row.seq, protocol.notification(protocol.DELIVER, {"seq": row.seq, "kind": row.kind,
                                                                           "payload": row.payload}))
                       for row in rows]
-            transaction.on_commit(functools.partial(live.hand_over, channel_name, frames))
-        _ring_once_per_commit(device.pk, channel_name)
+            if live.get(channel_name) is not None:
+                transaction.on_commit(functools.partial(live.hand_over, channel_name, frames))
+        _ring_once_per_commit(device.pk, channel_name, frames)
     device.next_seq = end
     return rows
 

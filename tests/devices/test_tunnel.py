@@ -216,6 +216,96 @@ def test_one_doorbell_per_transaction(paired, django_capture_on_commit_callbacks
     assert list(OutboxItem.objects.filter(device=other).values_list("seq", flat=True)) == [1]
 
 
+async def _rung(device, write) -> dict:
+    """What a connection of ``device`` in another process would get: its row names a channel no tunnel
+    of this process holds; ``write`` runs in a worker thread, and the doorbell is read off that channel."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await db(Device.objects.filter(pk=device.pk).update)(channel_name=channel)
+    await db(write)()
+    return await asyncio.wait_for(layer.receive(channel), 5)
+
+
+async def test_a_doorbell_to_another_process_carries_its_one_enqueues_frames(paired):
+    device, _ = paired
+
+    def write():
+        with transaction.atomic():
+            services.outbox_enqueue_many(device=device, items=[("k", {"i": 1}), ("k", {"i": 2})])
+
+    message = await _rung(device, write)
+    assert message["type"] == events.OUTBOX_DOORBELL
+    frames = [(seq, json.loads(frame)) for seq, frame in message["frames"]]
+    assert [(seq, f["method"], f["params"]["seq"], f["params"]["payload"]) for seq, f in frames] == [
+        (1, protocol.DELIVER, 1, {"i": 1}), (2, protocol.DELIVER, 2, {"i": 2})]
+
+
+async def test_two_enqueues_in_one_transaction_ring_once_without_frames(paired):
+    device, _ = paired
+
+    def write():
+        with transaction.atomic():
+            services.outbox_enqueue(device=device, kind="k", payload={"i": 1})
+            try:
+                with transaction.atomic():  # rolled back: its seq is given again below
+                    services.outbox_enqueue(device=device, kind="k", payload={"gone": True})
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+            services.outbox_enqueue(device=device, kind="k", payload={"i": 2})
+
+    message = await _rung(device, write)
+    assert message == {"type": events.OUTBOX_DOORBELL}  # read the outbox: it holds what committed
+
+
+async def test_a_rolled_back_first_enqueue_takes_its_frames_with_it(paired):
+    device, _ = paired
+
+    def write():
+        with transaction.atomic():
+            try:
+                with transaction.atomic():
+                    services.outbox_enqueue(device=device, kind="k", payload={"gone": True})
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+            services.outbox_enqueue(device=device, kind="k", payload={"kept": True})
+
+    message = await _rung(device, write)
+    assert [(seq, json.loads(frame)["params"]["payload"]) for seq, frame in message["frames"]] == [
+        (1, {"kept": True})]
+
+
+async def test_a_large_enqueue_rings_without_frames(paired):
+    device, _ = paired
+    big = "x" * (services.DOORBELL_FRAMES_MAX_BYTES + 1)
+    message = await _rung(device, lambda: services.outbox_enqueue(device=device, kind="k", payload={"big": big}))
+    assert message == {"type": events.OUTBOX_DOORBELL}
+
+
+async def test_the_tunnel_sends_a_doorbells_frames_as_they_are_and_reads_past_a_gap(paired):
+    device, token = paired
+    dev, _ = await connected(token)
+    channel = await db(lambda: Device.objects.get(pk=device.pk).channel_name)()
+    layer = get_channel_layer()
+    carried = protocol.notification(protocol.DELIVER, {"seq": 1, "kind": "carried", "payload": {"via": "doorbell"}})
+    await layer.send(channel, {"type": events.OUTBOX_DOORBELL, "frames": [[1, carried]]})
+    item = (await dev.delivers(1, timeout=3))[0]
+    assert (item["seq"], item["kind"], item["payload"]) == (1, "carried", {"via": "doorbell"})  # not read: no row
+
+    def write_silently():  # items 2 and 3 committed; the doorbell below lost the first of them
+        Device.objects.filter(pk=device.pk).update(next_seq=4)
+        OutboxItem.objects.create(device=device, seq=2, kind="read", payload={})
+        OutboxItem.objects.create(device=device, seq=3, kind="read", payload={})
+
+    await db(write_silently)()
+    phantom = protocol.notification(protocol.DELIVER, {"seq": 3, "kind": "carried", "payload": {}})
+    await layer.send(channel, {"type": events.OUTBOX_DOORBELL, "frames": [[3, phantom]]})
+    items = await dev.delivers(2, timeout=3)
+    assert [(i["seq"], i["kind"]) for i in items] == [(2, "read"), (3, "read")]
+    await dev.close()
+
+
 async def test_a_rolled_back_enqueue_leaves_no_gap(paired):
     device, _ = paired
 
