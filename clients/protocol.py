@@ -258,12 +258,20 @@ def web_chunk(binary: bool) -> int:
     return WEB_BIN_CHUNK_BYTES if binary else WEB_CHUNK_BYTES
 
 
-def web_binary(kind: int, stream: str, seq: int, payload: Union[bytes, bytearray, memoryview]) -> bytes:
-    """One binary data frame (layout above)."""
+WEB_BIN_MAX_HEAD = 2 + 255 + 4  # the longest head of a binary data frame (its bytes before the payload)
+
+
+def web_binary_head(kind: int, stream: str, seq: int) -> bytes:
+    """The bytes of a binary data frame before its payload (layout above)."""
     sid = stream.encode("ascii")
     if not 0 < len(sid) < 256 or not 0 <= seq < 2 ** 32:
         raise ValueError("a stream id of 1-255 ASCII bytes and a seq below 2**32")
-    return b"".join((bytes((kind, len(sid))), sid, seq.to_bytes(4, "big"), payload))
+    return b"".join((bytes((kind, len(sid))), sid, seq.to_bytes(4, "big")))
+
+
+def web_binary(kind: int, stream: str, seq: int, payload: Union[bytes, bytearray, memoryview]) -> bytes:
+    """One binary data frame (layout above)."""
+    return b"".join((web_binary_head(kind, stream, seq), payload))
 
 
 def parse_web_binary(frame: Union[bytes, bytearray, memoryview]) -> Tuple[int, str, int, bytes]:

@@ -20,6 +20,7 @@ import re
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from clients import protocol
+from clients.bridge.upstream import Upstream, open_upstream
 
 log = logging.getLogger("ai1net.bridge.web")
 
@@ -69,34 +70,30 @@ class _Stale(Exception):
     """A kept connection the local server had closed: it answered nothing (the request goes again)."""
 
 
-Connection = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
 class IdleConnections:
-    """Kept connections to the local servers, by (port, reader limit); the most recently used first."""
+    """Kept connections to the local servers, by (port, read-ahead capacity); the most recently used first."""
 
     def __init__(self) -> None:
-        self.idle: Dict[Tuple[int, int], List[Tuple[Connection, float]]] = {}
+        self.idle: Dict[Tuple[int, int], List[Tuple[Upstream, float]]] = {}
 
-    def take(self, key: Tuple[int, int]) -> Optional[Connection]:
+    def take(self, key: Tuple[int, int]) -> Optional[Upstream]:
         self._expire()
         kept = self.idle.get(key)
         while kept:
-            (reader, writer), _ = kept.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()
+            connection, _ = kept.pop()
+            if not connection.eof and not connection.is_closing():
+                return connection
+            connection.close()
         return None
 
-    def put(self, key: Tuple[int, int], connection: Connection) -> None:
+    def put(self, key: Tuple[int, int], connection: Upstream) -> None:
         self._expire()
-        reader, writer = connection
         kept = self.idle.setdefault(key, [])
-        # Bytes past the response (``_buffer``: asyncio.StreamReader's, no public way to ask) would be read as
-        # the next response's: such a server does not get its connection kept.
-        if reader.at_eof() or writer.is_closing() or getattr(reader, "_buffer", b"") or len(kept) >= KEEP_IDLE:
-            writer.close()
+        # Bytes past the response would be read as the next response's: such a server's connection is not kept.
+        if connection.eof or connection.is_closing() or connection.buffered or len(kept) >= KEEP_IDLE:
+            connection.close()
             return
+        connection.idle()
         kept.append((connection, asyncio.get_running_loop().time()))
 
     def _expire(self) -> None:
@@ -104,14 +101,14 @@ class IdleConnections:
         for key in list(self.idle):
             kept = self.idle[key]
             while kept and kept[0][1] < oldest:
-                kept.pop(0)[0][1].close()
+                kept.pop(0)[0].close()
             if not kept:
                 del self.idle[key]
 
     def close(self) -> None:
         for kept in self.idle.values():
-            for (_, writer), _ in kept:
-                writer.close()
+            for connection, _ in kept:
+                connection.close()
         self.idle.clear()
 
 
@@ -333,9 +330,14 @@ class _Stream:
             assert self.fw.send_binary is not None
             if not await self.fw.send_binary(protocol.web_binary(kind, self.id, self.send_seq, data), self.generation):
                 raise _Gone()
+            self.send_seq += 1
         else:
-            method = protocol.WEB_DATA if kind == protocol.WEB_BIN_DATA else protocol.WEB_WS_FRAME
-            await self.send(method, {"seq": self.send_seq, "data": base64.b64encode(data).decode("ascii")})
+            await self.send_text_data(data, kind)
+
+    async def send_text_data(self, data: bytes, kind: int = protocol.WEB_BIN_DATA) -> None:
+        """One data frame as base64 in JSON text (a stream without binary frames), its credit taken."""
+        method = protocol.WEB_DATA if kind == protocol.WEB_BIN_DATA else protocol.WEB_WS_FRAME
+        await self.send(method, {"seq": self.send_seq, "data": base64.b64encode(data).decode("ascii")})
         self.send_seq += 1
 
     def port(self) -> int:
@@ -382,7 +384,7 @@ class HttpStream(_Stream):
         length = _content_length(self.params.get("headers") or [])
         has_body = bool(self.params.get("body"))
         repeatable = method in REPEATABLE_METHODS and not has_body
-        key = (port, self.chunk)
+        key = (port, 2 * self.chunk)
         head = [f"{method} {target} HTTP/1.1", f"Host: {LOOPBACK}:{port}"]
         if not repeatable:
             head.append("Connection: close")
@@ -395,35 +397,36 @@ class HttpStream(_Stream):
         request_head = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         kept = self.fw.connections.take(key) if repeatable else None
         while True:
-            reader, writer = kept or await self._connect(port)
+            connection = kept or await self._connect(port, key[1])
             keep = False
             try:
-                keep = await self._exchange(reader, writer, request_head, method, has_body=has_body,
+                keep = await self._exchange(connection, request_head, method, has_body=has_body,
                                             chunked=chunked, stale_ok=kept is not None)
                 return
             except _Stale:
                 kept = None  # the request again, on a new connection
             finally:
                 if keep:
-                    self.fw.connections.put(key, (reader, writer))
+                    self.fw.connections.put(key, connection)
                 else:
-                    writer.close()
+                    connection.close()
 
-    async def _connect(self, port: int) -> Connection:
+    async def _connect(self, port: int, capacity: int) -> Upstream:
         try:
-            # The reader's buffer holds up to two chunks: a fast local server fills whole frames.
-            return await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port, limit=self.chunk), CONNECT_TIMEOUT)
+            # Up to two chunks are read ahead: a fast local server fills whole frames.
+            return await asyncio.wait_for(open_upstream(port, capacity, LOOPBACK), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             raise StreamError(protocol.WEB_RESET_UNREACHABLE,
                               f"nothing answers on {LOOPBACK}:{port} ({exc.__class__.__name__})") from None
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request_head: bytes,
-                        method: str, *, has_body: bool, chunked: bool, stale_ok: bool) -> bool:
+    async def _exchange(self, connection: Upstream, request_head: bytes, method: str, *, has_body: bool,
+                        chunked: bool, stale_ok: bool) -> bool:
         """One request and its response; True when the connection may serve the next request."""
+        reader = connection  # read as a StreamReader, written as a StreamWriter
         uploader: Optional[asyncio.Future] = None
         try:
-            writer.write(request_head)
-            uploader = asyncio.ensure_future(self._upload(writer, chunked=chunked, expect=has_body))
+            connection.write(request_head)
+            uploader = asyncio.ensure_future(self._upload(connection, chunked=chunked, expect=has_body))
             uploader.add_done_callback(self._upload_done)
             try:
                 status, reason, response_headers, keep = await self._read_head(reader, stale_ok=stale_ok)
@@ -459,13 +462,13 @@ class HttpStream(_Stream):
         if self.task is not None:
             self.task.cancel()
 
-    async def _upload(self, writer: asyncio.StreamWriter, *, chunked: bool, expect: bool) -> None:
+    async def _upload(self, writer: Upstream, *, chunked: bool, expect: bool) -> None:
         try:
             await self._send_body(writer, chunked=chunked, expect=expect)
         except ConnectionError:
             pass  # the local server stopped reading (it may have answered already): its response decides
 
-    async def _send_body(self, writer: asyncio.StreamWriter, *, chunked: bool, expect: bool) -> None:
+    async def _send_body(self, writer: Upstream, *, chunked: bool, expect: bool) -> None:
         if not expect:
             await writer.drain()
             return
@@ -483,7 +486,7 @@ class HttpStream(_Stream):
                 await writer.drain()
                 return
 
-    async def _read_head(self, reader: asyncio.StreamReader, *, stale_ok: bool = False
+    async def _read_head(self, reader: Upstream, *, stale_ok: bool = False
                          ) -> Tuple[int, str, List[Tuple[str, str]], bool]:
         """(status, reason, headers, whether the server keeps the connection) of the response."""
         while True:  # skip interim 1xx responses (100 Continue, 103 Early Hints)
@@ -522,36 +525,47 @@ class HttpStream(_Stream):
             keep = parts[0] == "HTTP/1.1" and not close
             return status, parts[2] if len(parts) > 2 else "", headers, keep
 
-    async def _read_exactly(self, reader: asyncio.StreamReader, size: int) -> bytes:
+    async def _read_exactly(self, reader: Upstream, size: int) -> bytes:
         try:
             return await self._wait(lambda: reader.readexactly(size), "data from the local server")
         except (asyncio.IncompleteReadError, ConnectionError):
             raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended the body early") from None
 
-    async def _read(self, reader: asyncio.StreamReader, size: int) -> bytes:
+    async def _forward(self, reader: Upstream, size: int) -> int:
+        """The next bytes of the body, at most ``size``, to the platform as one data frame: how many (0 at the
+        end of what the local server sends). A binary stream's frame goes out of the connection's buffer."""
         try:
-            return await self._wait(lambda: reader.read(size), "data from the local server")
+            size = await self._wait(lambda: reader.ready(size), "data from the local server")
         except ConnectionError as exc:
             raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, f"the local server broke off ({exc})") from None
+        if not size:
+            return 0
+        await self.take_credit(size)
+        if not self.binary:
+            await self.send_text_data(await reader.read(size))
+            return size
+        assert self.fw.send_binary is not None
+        frame = reader.frame(protocol.web_binary_head(protocol.WEB_BIN_DATA, self.id, self.send_seq), size)
+        if not await self.fw.send_binary(frame, self.generation):  # sent (masked into a new buffer) at once
+            raise _Gone()
+        self.send_seq += 1
+        return size
 
-    async def _download(self, reader: asyncio.StreamReader, framing: Tuple[str, int]) -> None:
+    async def _download(self, reader: Upstream, framing: Tuple[str, int]) -> None:
         kind, remaining = framing
         if kind == "none":
             return
         if kind == "length":
             while remaining > 0:
-                data = await self._read(reader, min(remaining, self.next_size()))
-                if not data:
+                sent = await self._forward(reader, min(remaining, self.next_size()))
+                if not sent:
                     raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended the body early")
-                remaining -= len(data)
-                await self.send_data(data)
+                remaining -= sent
             return
         if kind == "close":
-            while True:
-                data = await self._read(reader, self.next_size())
-                if not data:
-                    return
-                await self.send_data(data)
+            while await self._forward(reader, self.next_size()):
+                pass
+            return
         # chunked: forward each chunk's bytes as they arrive (server-sent events stay prompt)
         while True:
             line = await self._line(reader)
@@ -564,14 +578,13 @@ class HttpStream(_Stream):
                     pass  # trailers are dropped
                 return
             while size > 0:
-                data = await self._read(reader, min(size, self.next_size()))
-                if not data:
+                sent = await self._forward(reader, min(size, self.next_size()))
+                if not sent:
                     raise StreamError(protocol.WEB_RESET_UPSTREAM_ERROR, "the local server ended a chunk early")
-                size -= len(data)
-                await self.send_data(data)
+                size -= sent
             await self._line(reader)
 
-    async def _line(self, reader: asyncio.StreamReader) -> bytes:
+    async def _line(self, reader: Upstream) -> bytes:
         try:
             line = await self._wait(reader.readline, "data from the local server")
         except (ValueError, ConnectionError) as exc:
