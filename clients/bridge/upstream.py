@@ -49,12 +49,14 @@ class Upstream(asyncio.BufferedProtocol):
             limit = HEAD_ROOM + 2 * self.capacity
             while HEAD_ROOM + waiting + size // 4 > size and size < limit:
                 size = min(size * 2, limit)
-            if size != len(self.buf):  # a new buffer: the old one may be out in a frame not yet sent
+            if size != len(self.buf) or self.start - HEAD_ROOM < waiting:
+                # A new buffer (larger, or the data would overlap itself moved to the front); the old one may
+                # still be out in a frame not yet sent, so it is left as it is.
                 buf = bytearray(size)
-                buf[HEAD_ROOM:HEAD_ROOM + waiting] = self.buf[self.start:self.end]
+                buf[HEAD_ROOM:HEAD_ROOM + waiting] = memoryview(self.buf)[self.start:self.end]
                 self.buf = buf
-            elif self.start > HEAD_ROOM:
-                self.buf[HEAD_ROOM:HEAD_ROOM + waiting] = self.buf[self.start:self.end]
+            else:  # to the front, over bytes already taken (no overlap)
+                self.buf[HEAD_ROOM:HEAD_ROOM + waiting] = memoryview(self.buf)[self.start:self.end]
             self.start, self.end = HEAD_ROOM, HEAD_ROOM + waiting
         return memoryview(self.buf)[self.end:]
 
