@@ -692,10 +692,31 @@ def outbox_ack(*, device_id: Any, seq: int, after: int = 0) -> None:
     acked_at = OutboxItem._meta.get_field("acked_at")
     params = {"now": acked_at.get_db_prep_save(timezone.now(), conn), "seq": seq, "after": after,
               "device": Device._meta.pk.get_db_prep_value(device_id, conn)}
+    statements = _ack_statements(conn)
+    if conn.vendor == "postgresql" and not conn.in_atomic_block:
+        # One round trip instead of five (BEGIN, SET LOCAL, two UPDATEs, COMMIT): both UPDATEs as one
+        # statement in its own implicit transaction, whose commit set_config relaxes as SET LOCAL would.
+        sql, names = _ack_one_statement(conn, statements)
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [params[name] for name in names])
+        return
     with transaction.atomic(), conn.cursor() as cursor:
         _relaxed_commit()
-        for sql, names in _ack_statements(conn):
+        for sql, names in statements:
             cursor.execute(sql, [params[name] for name in names])
+
+
+def _ack_one_statement(conn: Any, statements: list[tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
+    """PostgreSQL: the ack's UPDATEs as data-modifying CTEs (each runs once, to completion, whether or not
+    the outer query reads it) and a relaxed commit for the statement's own transaction."""
+    key = f"{conn.vendor}:one"
+    cached = _ACK_SQL.get(key)
+    if cached is None:
+        (items_sql, items_names), (device_sql, device_names) = statements
+        cached = _ACK_SQL[key] = [(
+            f"WITH items AS ({items_sql}), dev AS ({device_sql}) "
+            "SELECT set_config('synchronous_commit', 'off', true)", items_names + device_names)]
+    return cached[0]
 
 
 _ACK_SQL: dict[str, list[tuple[str, tuple[str, ...]]]] = {}

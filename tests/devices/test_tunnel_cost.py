@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
 from devices import services
@@ -125,6 +126,8 @@ async def test_an_item_enqueued_in_this_process_is_sent_without_reading_it_back(
     assert not [s for s in after if s.lstrip().upper().startswith("SELECT")], after  # no read-back
     assert len(work(after)) <= 2, after  # the ack: the items and the device's acked_seq ...
     assert len(after) - len(work(after)) <= 1, after  # ... in one transaction (PostgreSQL: one commit)
+    if connection.vendor == "postgresql":  # one statement, one round trip: no BEGIN, no SET LOCAL
+        assert len(after) == 1 and "synchronous_commit" in after[0], after
     await dev.close()
 
 
