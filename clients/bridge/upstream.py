@@ -8,8 +8,9 @@ writes a binary frame's head into that room and hands out head and payload as on
 The view is valid until the event loop runs again: the caller sends it at once (websockets masks a frame
 into its own buffer within ``send``, before it first waits).
 
-Reading pauses once ``capacity`` bytes wait in the buffer (as a StreamReader pauses at twice its limit), so
-a stream holds at most about that much of a local server's response whatever the body size.
+Reading pauses once ``capacity`` bytes wait in the buffer (as a StreamReader pauses at twice its limit); the
+buffer starts at 64 KiB and grows while data waits, to at most twice ``capacity``: a stream holds at most that
+much of a local server's response whatever the body size.
 """
 
 from __future__ import annotations

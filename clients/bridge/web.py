@@ -81,8 +81,8 @@ class IdleConnections:
         kept = self.idle.get(key)
         while kept:
             connection, _ = kept.pop()
-            if not connection.eof and not connection.is_closing():
-                return connection
+            if not connection.eof and not connection.is_closing() and not connection.buffered:
+                return connection  # (bytes that came while it was idle would be read as the next response)
             connection.close()
         return None
 
