@@ -219,6 +219,17 @@ async def test_a_platform_that_ignores_credit_gets_its_stream_reset_not_the_memo
         server.close()
 
 
+def recording_forwarder(port: int) -> tuple[WebForwarder, list[tuple[str, dict]]]:
+    """A forwarder to ``port`` and the list of (method, params) it sends the platform."""
+    sent: list[tuple[str, dict]] = []
+
+    async def notify(method: str, params: dict, generation: int) -> bool:
+        sent.append((method, params))
+        return True
+
+    return WebForwarder([port], notify, lambda: 1), sent
+
+
 async def _get(forwarder: WebForwarder, sent: list, port: int, stream: str, method: str = "GET") -> dict:
     """One request through the forwarder (text frames); the device's last frame of the stream."""
     forwarder.handle(protocol.WEB_OPEN, {"stream": stream, "method": method, "path": "/", "query": "", "port": port,
@@ -258,13 +269,7 @@ async def test_a_local_server_that_keeps_connections_serves_the_next_request_on_
             writer.close()
 
     server = await asyncio.start_server(keep_alive, "127.0.0.1", port)
-    sent: list[tuple[str, dict]] = []
-
-    async def notify(method: str, params: dict, generation: int) -> bool:
-        sent.append((method, params))
-        return True
-
-    forwarder = WebForwarder([port], notify, lambda: 1)
+    forwarder, sent = recording_forwarder(port)
     try:
         for i in range(3):
             end = await _get(forwarder, sent, port, f"g{i}")
@@ -289,13 +294,7 @@ async def test_a_response_that_says_close_is_not_kept():
     port = web_port()
     seen: list[int] = []
     server = await listener(port, seen)  # answers "Connection: close" and closes
-    sent: list[tuple[str, dict]] = []
-
-    async def notify(method: str, params: dict, generation: int) -> bool:
-        sent.append((method, params))
-        return True
-
-    forwarder = WebForwarder([port], notify, lambda: 1)
+    forwarder, sent = recording_forwarder(port)
     try:
         for i in range(2):
             end = await _get(forwarder, sent, port, f"s{i}")
