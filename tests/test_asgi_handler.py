@@ -137,7 +137,7 @@ async def coroutine_view(request):
 
 @csrf_exempt
 def streaming_view(request):
-    def body():
+    async def body():  # (a sync iterator would be read whole into memory first, with a warning)
         yield b"first "
         trace.append(("last chunk", threading.get_ident()))
         yield b"last"
