@@ -10,6 +10,17 @@ from tests.mobile.factories import ask
 from tests.mobile.test_browser import CHROMIUM, CHROMIUM_ARGS
 
 
+def wait_for_line(card, text: str, server: Daphne) -> None:
+    """The card's log shows a line with ``text``; if not, fail saying what the page and daphne said."""
+    try:
+        card.locator(".m-log li", has_text=text).wait_for(timeout=15_000)
+    except Exception as exc:
+        note = card.locator('[data-testid="session-note"]').text_content()
+        lines = card.locator(".m-log li").all_text_contents()
+        raise AssertionError(f"no line for {text!r}: note {note!r}, lines {lines!r}\n"
+                             f"daphne log:\n{server.log()[-4000:]}") from exc
+
+
 @pytest.mark.e2e
 @pytest.mark.browser
 @pytest.mark.slow
@@ -35,7 +46,7 @@ def test_the_phone_shows_a_waiting_message_with_its_place(tmp_path, client, brid
                 for text in ("first", "second", "third"):
                     card.locator('[data-testid="message-text"]').fill(text)
                     card.locator('[data-testid="send-message"]').click()
-                    card.locator(".m-log li", has_text=text).wait_for(timeout=15_000)
+                    wait_for_line(card, text, server)
                 log = card.locator(".m-log")
                 assert log.locator("li", has_text="first").text_content() == "Sent: first"
                 assert log.locator("li", has_text="second").text_content().startswith("Waiting, 1 in line")
