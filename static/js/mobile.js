@@ -63,6 +63,9 @@
       return response.json().catch(function () { return {}; }).then(function (data) {
         return { ok: response.ok, status: response.status, data: data };
       });
+    }, function () {
+      // No answer at all (the network dropped): callers show this and let the person try again.
+      return { ok: false, status: 0, data: { detail: "No connection to the platform. Try again." } };
     });
   }
 

@@ -1,6 +1,10 @@
-"""Headless Chromium on /m/: a paced message says plainly that it waits, and its place in line."""
+"""Headless Chromium on /m/: a paced message says plainly that it waits, and its place in line; a message
+that cannot reach the platform says so and can be sent again."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,11 +25,9 @@ def wait_for_line(card, text: str, server: Daphne) -> None:
                              f"daphne log:\n{server.log()[-4000:]}") from exc
 
 
-@pytest.mark.e2e
-@pytest.mark.browser
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_the_phone_shows_a_waiting_message_with_its_place(tmp_path, client, bridge, mobile_user):
+@contextlib.contextmanager
+def session_card(tmp_path, client, bridge, mobile_user) -> Iterator[tuple]:
+    """/m/ in Chromium on a daphne, logged in as ``mobile_user``, with the card of one agent session."""
     playwright_api = pytest.importorskip("playwright.sync_api")
     ask(bridge)
     client.force_login(mobile_user)
@@ -43,21 +45,49 @@ def test_the_phone_shows_a_waiting_message_with_its_place(tmp_path, client, brid
                 page.goto(f"{server.url}/m/")
                 card = page.locator('[data-testid="session"][data-session-id="sess-1"]')
                 card.wait_for(timeout=15_000)
-                for text in ("first", "second", "third"):
-                    card.locator('[data-testid="message-text"]').fill(text)
-                    card.locator('[data-testid="send-message"]').click()
-                    wait_for_line(card, text, server)
-                log = card.locator(".m-log")
-                assert log.locator("li", has_text="first").text_content() == "Sent: first"
-                assert log.locator("li", has_text="second").text_content().startswith("Waiting, 1 in line")
-                assert log.locator("li", has_text="third").text_content().startswith("Waiting, 2 in line")
-                # A fresh load shows the same line from /api/mobile/state.
-                page.reload()
-                card.locator(".m-log li", has_text="third").wait_for(timeout=15_000)
-                assert card.locator(".m-log li", has_text="third").text_content().startswith("Waiting, 2 in line")
+                yield page, card, server
             finally:
                 context.close()
     finally:
         server.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_phone_shows_a_waiting_message_with_its_place(tmp_path, client, bridge, mobile_user):
+    with session_card(tmp_path, client, bridge, mobile_user) as (page, card, server):
+        for text in ("first", "second", "third"):
+            card.locator('[data-testid="message-text"]').fill(text)
+            card.locator('[data-testid="send-message"]').click()
+            wait_for_line(card, text, server)
+        log = card.locator(".m-log")
+        assert log.locator("li", has_text="first").text_content() == "Sent: first"
+        assert log.locator("li", has_text="second").text_content().startswith("Waiting, 1 in line")
+        assert log.locator("li", has_text="third").text_content().startswith("Waiting, 2 in line")
+        # A fresh load shows the same line from /api/mobile/state.
+        page.reload()
+        card.locator(".m-log li", has_text="third").wait_for(timeout=15_000)
+        assert card.locator(".m-log li", has_text="third").text_content().startswith("Waiting, 2 in line")
     assert list(PhoneMessage.objects.order_by("created_at").values_list("state", flat=True)) == [
         "queued", "waiting", "waiting"]
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_a_message_that_cannot_reach_the_platform_says_so_and_can_be_sent_again(tmp_path, client, bridge,
+                                                                                 mobile_user):
+    with session_card(tmp_path, client, bridge, mobile_user) as (page, card, server):
+        page.route("**/messages", lambda route: route.abort("connectionreset"))
+        card.locator('[data-testid="message-text"]').fill("lost")
+        send = card.locator('[data-testid="send-message"]')
+        send.click()
+        note = card.locator('[data-testid="session-note"]')
+        note.filter(has_text="No connection").wait_for(timeout=15_000)
+        assert send.is_enabled() and card.locator('[data-testid="message-text"]').input_value() == "lost"
+        page.unroute("**/messages")
+        send.click()  # the same text, now through
+        wait_for_line(card, "lost", server)
+    assert list(PhoneMessage.objects.values_list("text", flat=True)) == ["lost"]
