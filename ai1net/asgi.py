@@ -20,6 +20,7 @@ import functools
 import gc
 import importlib
 import os
+import sys
 from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ai1net.settings")
@@ -92,5 +93,8 @@ application = ProtocolTypeRouter(
 # keep it out of the collector's full passes. A full (generation 2) collection of daphne's heap took
 # 85 ms on the 2-core bench machine, and every socket and request of the process waited meanwhile
 # (a p99 of its own); with the start-up heap frozen, 11 ms (bench/roundtrip.py, measured with
-# gc.callbacks). Objects made later are collected as before.
-gc.freeze()
+# gc.callbacks). Objects made later are collected as before. Only in a served process: where the app is
+# imported later in a long-lived process (a test run), freezing would keep that process's garbage of the
+# moment (closed loops, database connections) forever.
+if sys.argv and os.path.basename(sys.argv[0]) in ("daphne", "__main__.py") and "daphne" in sys.argv[0]:
+    gc.freeze()  # daphne's command line (the daphne script, or python -m daphne) is serving this app
