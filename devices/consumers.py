@@ -89,8 +89,8 @@ def local_tunnel(channel_name: str) -> DeviceConsumer | None:
 # small pool of their own instead of queueing on Django's single thread-sensitive thread with every
 # other consumer and view. Each pool thread keeps its own database connection (SQLite; a Postgres
 # pool slot while in use). On SQLite one thread: it takes one writer at a time anyway, and more threads only
-# traded the GIL between them (a tunnel connect cost 3.3 ms of daphne CPU with one, 3.7 with four, in
-# interleaved runs of bench/tunnel.py); PostgreSQL answers several at once.
+# traded the GIL between them (a tunnel connect cost 2.6-3.5 ms of daphne CPU with one, 3.6-3.9 with four,
+# in three interleaved rounds of bench/tunnel.py); PostgreSQL answers several at once.
 TUNNEL_DB_THREADS = 1 if "sqlite" in settings.DATABASES["default"]["ENGINE"] else 4
 _tunnel_db_pool = ThreadPoolExecutor(max_workers=TUNNEL_DB_THREADS, thread_name_prefix="tunnel-db")
 

@@ -709,17 +709,17 @@ def outbox_ack(*, device_id: Any, seq: int, after: int = 0) -> None:
 def _ack_one_statement(conn: Any, statements: list[tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
     """PostgreSQL: the ack's UPDATEs as data-modifying CTEs (each runs once, to completion, whether or not
     the outer query reads it) and a relaxed commit for the statement's own transaction."""
-    key = f"{conn.vendor}:one"
-    cached = _ACK_SQL.get(key)
-    if cached is None:
+    one = _ACK_ONE_SQL.get(conn.vendor)
+    if one is None:
         (items_sql, items_names), (device_sql, device_names) = statements
-        cached = _ACK_SQL[key] = [(
-            f"WITH items AS ({items_sql}), dev AS ({device_sql}) "
-            "SELECT set_config('synchronous_commit', 'off', true)", items_names + device_names)]
-    return cached[0]
+        one = _ACK_ONE_SQL[conn.vendor] = (f"WITH items AS ({items_sql}), dev AS ({device_sql}) "
+                                           "SELECT set_config('synchronous_commit', 'off', true)",
+                                           items_names + device_names)
+    return one
 
 
 _ACK_SQL: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+_ACK_ONE_SQL: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 
 def _ack_statements(conn: Any) -> list[tuple[str, tuple[str, ...]]]:

@@ -12,10 +12,7 @@ against autobahn's own masker in tests/deviceweb/test_masking.py.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 MIN_LENGTH = 4096  # shorter frames keep autobahn's masker (the call costs more than the bytes)
 
