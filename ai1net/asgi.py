@@ -38,6 +38,8 @@ from django.urls import re_path  # noqa: E402
 from ai1net import http_guard  # noqa: E402
 from ai1net.hosts import websocket_host_guard  # noqa: E402
 from clients import protocol  # noqa: E402
+from clients.memory import keep_freed_memory  # noqa: E402
+from devices.web import masking  # noqa: E402
 from devices.web.streams import tune_tunnel_socket  # noqa: E402
 
 ROUTED_APPS = ("ai1net.accounts", "devices", "im", "mobile", "probes")
@@ -78,6 +80,11 @@ def tunnel_message_limit(app: Any, size: int = protocol.MAX_FRAME_BYTES) -> Any:
 http_guard.install(head_timeout=settings.HTTP_HEAD_TIMEOUT_SEC, min_body_rate=settings.HTTP_MIN_BODY_RATE,
                    max_body=max(settings.DEVICE_WEB_MAX_REQUEST_BYTES, protocol.MAX_FRAME_BYTES,
                                 settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0))
+# Device-web bodies pass through buffers of up to 1 MiB: keep freed ones mapped (clients.memory), and
+# unmask what bridges send in one pass (devices.web.masking). Here, where a server loads the app, not in
+# every process that sets Django up (management commands).
+keep_freed_memory()
+masking.install()
 
 browser_websockets = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(_collect("websocket_urlpatterns"))))
 
@@ -89,6 +96,13 @@ application = ProtocolTypeRouter(
     }
 )
 
+
+def served_by_daphne() -> bool:
+    """This process is daphne's command line (the ``daphne`` script, or ``python -m daphne``)."""
+    program = sys.argv[0] if sys.argv else ""
+    return os.path.basename(program) == "daphne" or program.endswith(os.path.join("daphne", "__main__.py"))
+
+
 # What start-up built (Django, the apps, the URL and middleware tables) lives as long as the process:
 # keep it out of the collector's full passes. A full (generation 2) collection of daphne's heap took
 # 85 ms on the 2-core bench machine, and every socket and request of the process waited meanwhile
@@ -96,5 +110,5 @@ application = ProtocolTypeRouter(
 # gc.callbacks). Objects made later are collected as before. Only in a served process: where the app is
 # imported later in a long-lived process (a test run), freezing would keep that process's garbage of the
 # moment (closed loops, database connections) forever.
-if sys.argv and os.path.basename(sys.argv[0]) in ("daphne", "__main__.py") and "daphne" in sys.argv[0]:
-    gc.freeze()  # daphne's command line (the daphne script, or python -m daphne) is serving this app
+if served_by_daphne():
+    gc.freeze()

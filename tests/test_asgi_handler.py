@@ -233,3 +233,19 @@ def test_the_served_application_freezes_its_start_up_heap():
     assert frozen("/srv/venv/bin/daphne") > 10_000  # served by daphne: Django and the apps, tens of thousands
     assert frozen("/srv/venv/lib/python3.11/site-packages/daphne/__main__.py") > 10_000  # python -m daphne
     assert frozen("-c") == 0  # imported elsewhere (a test run, a command): nothing frozen
+
+
+def test_the_application_module_tunes_device_web_and_django_setup_alone_does_not():
+    """One-pass unmasking (devices.web.masking) comes with the served app, not with every management command."""
+    import subprocess
+    import sys
+
+    def one_pass(imports: str) -> bool:
+        script = (f"import {imports}; from autobahn.websocket import protocol; "
+                  "print(getattr(protocol.create_xor_masker, 'one_pass', False))")
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip() == "True"
+
+    assert one_pass("ai1net.asgi")
+    assert not one_pass("django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ai1net.settings'); "
+                        "django.setup(); import devices.models")
