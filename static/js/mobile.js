@@ -316,9 +316,6 @@
         var named = REFUSAL_STATE[r.data.error];
         if (named) setQuestionState(q.question_id, named);
         else error.textContent = r.data.detail || "The answer was not accepted.";
-      }, function () {
-        submit.disabled = false;
-        error.textContent = "No connection. Try again.";
       });
   }
 
@@ -357,7 +354,7 @@
       if (rs[0].status === 404 || rs[1].status === 404) { switchOff(); render(); return; }
       if (rs[1].ok) applyState(rs[1].data);
       if (rs[0].ok) applyPending(rs[0].data.questions || [], rs[0].data.recent || []);
-    }, function () { /* offline: try again at the next tick */ });
+    });  // offline (status 0): nothing applied; the next tick tries again
   }
 
   function startPolling() {
