@@ -35,7 +35,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from ai1net import http_guard  # noqa: E402
+from ai1net import autobahn_log, http_guard  # noqa: E402
 from ai1net.hosts import websocket_host_guard  # noqa: E402
 from clients import protocol  # noqa: E402
 from clients.memory import keep_freed_memory  # noqa: E402
@@ -85,6 +85,7 @@ http_guard.install(head_timeout=settings.HTTP_HEAD_TIMEOUT_SEC, min_body_rate=se
 # every process that sets Django up (management commands).
 keep_freed_memory()
 masking.install()
+autobahn_log.install()  # a connection's settings pretty-printed only if its debug line is written
 
 browser_websockets = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(_collect("websocket_urlpatterns"))))
 

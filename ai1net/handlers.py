@@ -18,10 +18,15 @@ Two costs of Django's own ASGI handler lead a py-spy profile of a bare API POST 
   request after another; there are never more threads than requests that ran at the same time.
   Connections still go through ``request_started``/``request_finished`` (``CONN_MAX_AGE``, health
   checks) as under WSGI.
+- **Wake-ups.** What the request's thread hands to the event loop after a commit (doorbells, the outbox's
+  direct path) is collected and run by the loop when the thread's result arrives: one wake-up per request
+  instead of one per send, each of which let the loop take the GIL from the thread still finishing the
+  request (``ai1net.realtime.LoopCalls``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +38,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.http import FileResponse, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
+
+from ai1net import realtime
 
 
 class KeptThreadsASGIHandler(ASGIHandler):
@@ -93,10 +100,16 @@ class KeptThreadsASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            response = await sync_to_async(self._respond, thread_sensitive=True)(scope, body_file)
+            # The commit's doorbells come back with the thread's result (no wake-up of their own) and leave
+            # once the response is written: the person's reply does not wait for the fan-out.
+            loop_calls = realtime.LoopCalls(asyncio.get_running_loop())
+            response = await realtime.run_collected(loop_calls, _in_request_thread, self._respond, scope, body_file)
             try:
+                if response.streaming:
+                    loop_calls.run()  # its body may take long (a download, events): the doorbells go first
                 await self.send_response(response, send)
             finally:
+                loop_calls.run()
                 if response.streaming:  # its body was produced while sending: close (request_finished) now
                     await sync_to_async(response.close)()
         finally:
@@ -115,6 +128,10 @@ class KeptThreadsASGIHandler(ASGIHandler):
         if not response.streaming:
             response.close()  # its content is in memory: request_finished here, not one more hop later
         return response
+
+
+def _in_request_thread(func: Any) -> Any:
+    return sync_to_async(func, thread_sensitive=True)  # the request's kept thread (ThreadSensitiveContext)
 
 
 def get_asgi_application() -> KeptThreadsASGIHandler:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import threading
 import weakref
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -122,13 +124,112 @@ def _worker_loop() -> asyncio.AbstractEventLoop | None:
     return loop
 
 
+class LoopCalls:
+    """Calls a request's thread hands to the event loop that waits for it, run by that loop when the
+    thread returns (ai1net.handlers): a commit's doorbells then cost no wake-up of their own. Each
+    ``call_soon_threadsafe`` from a worker wakes the loop at once, and the woken loop takes the GIL from
+    the thread still finishing the request (an answer POST handed over three or four). If the waiting
+    side is cancelled first (its client left), the thread hands them over itself when it is done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.calls: list[tuple[Any, tuple]] = []
+        self._lock = threading.Lock()
+        self._state = "open"  # -> "done" (the thread returned) or "abandoned" (the loop stopped waiting)
+
+    def thread_done(self) -> None:
+        """In the thread, last: the loop runs the calls when it resumes, or (abandoned) they go now."""
+        with self._lock:
+            abandoned, self._state = self._state == "abandoned", "done"
+        if abandoned:
+            self._hand_all()
+
+    def run(self) -> None:
+        """In the loop, once the thread's result is in."""
+        calls, self.calls = self.calls, []
+        for callback, args in calls:
+            try:
+                callback(*args)
+            except Exception:
+                logger.exception("a deferred loop call failed: %r", callback)
+
+    def abandon(self) -> None:
+        """In the loop, when it stops waiting for the thread (cancelled)."""
+        with self._lock:
+            done, self._state = self._state == "done", "abandoned"
+        if done:
+            self.run()
+
+    def _hand_all(self) -> None:
+        calls, self.calls = self.calls, []
+        for callback, args in calls:
+            try:
+                self.loop.call_soon_threadsafe(callback, *args)
+            except RuntimeError:  # the loop closed: nothing runs there any more (doorbells only)
+                return
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def loop_calls_collected(calls: LoopCalls) -> Iterator[None]:
+    """In a request's thread: ``call_in_loop(calls.loop, ...)`` collects into ``calls`` meanwhile."""
+    outer, _local.calls = getattr(_local, "calls", None), calls
+    try:
+        yield
+    finally:
+        _local.calls = outer
+        calls.thread_done()
+
+
+async def run_collected(calls: LoopCalls, to_async: Callable[[Callable], Callable[..., Awaitable]], func: Callable,
+                        *args: Any, **kwargs: Any) -> Any:
+    """``await to_async(func)(*args, **kwargs)`` (sync_to_async, database_sync_to_async ...) with the
+    thread's calls to ``calls.loop`` (``call_in_loop``) collected in ``calls``, for the caller to
+    ``run()`` on the loop when it suits it: one wake-up for the lot."""
+
+    def collected() -> Any:
+        with loop_calls_collected(calls):
+            return func(*args, **kwargs)
+
+    try:
+        return await to_async(collected)()
+    except BaseException:
+        calls.abandon()  # failed (they run now) or cancelled (the thread hands them over when done)
+        raise
+
+
+def collecting(to_async: Callable[[Callable], Callable[..., Awaitable]], func: Callable) -> Callable[..., Awaitable]:
+    """``to_async(func)`` whose calls to this loop from the thread run as soon as the loop has the
+    thread's result (``run_collected``)."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        calls = LoopCalls(asyncio.get_running_loop())
+        result = await run_collected(calls, to_async, func, *args, **kwargs)
+        calls.run()
+        return result
+
+    return call
+
+
+def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """``loop.call_soon_threadsafe(callback, *args)`` from a worker thread, deferred to the end of the
+    request when its thread collects them (``loop_calls_collected``). RuntimeError: the loop is closed."""
+    calls = getattr(_local, "calls", None)
+    if calls is not None and calls.loop is loop:  # (abandoned too: they keep their order)
+        calls.calls.append((callback, args))
+        return
+    loop.call_soon_threadsafe(callback, *args)
+
+
 def group_send_now(group: str, message: dict[str, Any]) -> None:
     """Send at once from sync code: handed to the worker's event loop, or synchronously outside any.
     ``group`` may be ``CHANNEL_TARGET + channel name``: then to that one channel."""
     loop = _worker_loop()
     if loop is not None:
         try:
-            loop.call_soon_threadsafe(_hand_over, loop, group, message)
+            call_in_loop(loop, _hand_over, loop, group, message)
             return
         except RuntimeError:  # the loop closed meanwhile
             pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import reverse
+from drf_spectacular.authentication import SessionScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
@@ -47,6 +48,12 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
         return {"type": "http", "scheme": "bearer",
                 "description": "A per-user API token (Account -> API tokens), for agents."}
+
+
+class SessionUserScheme(SessionScheme):
+    """Our session authentication (ai1net.accounts.authentication) is DRF's: the same cookie scheme."""
+
+    target_class = "ai1net.accounts.authentication.SessionAuthentication"
 
 
 def add_longpoll_endpoints(endpoints: list[tuple]) -> list[tuple]:

@@ -113,6 +113,17 @@ HTTP_MIN_BODY_RATE = 16 * 1024
 # A device-web request served by the process that holds the device's tunnel skips the channel layer
 # (devices.web.streams.LocalLink); 0 sends every stream through the layer (tests of that path).
 DEVICE_WEB_IN_PROCESS = env_bool("AI1NET_DEVICE_WEB_IN_PROCESS", True)
+# Scaled out (the Redis layer), a stream whose device's tunnel another daphne process holds goes straight
+# to that process's stream relay (devices.web.relay), not through the layer; 0 sends it through the layer.
+# Each process that holds tunnels listens on RELAY_BIND:RELAY_PORT (0: any free port) and other processes
+# dial RELAY_HOST (default: the bind address; required when binding every interface, for several hosts).
+DEVICE_WEB_RELAY = env_bool("AI1NET_DEVICE_WEB_RELAY", True)
+DEVICE_WEB_RELAY_BIND = os.environ.get("AI1NET_DEVICE_WEB_RELAY_BIND", "127.0.0.1").strip()
+DEVICE_WEB_RELAY_PORT = int(os.environ.get("AI1NET_DEVICE_WEB_RELAY_PORT", "0"))
+DEVICE_WEB_RELAY_HOST = os.environ.get("AI1NET_DEVICE_WEB_RELAY_HOST", "").strip() or DEVICE_WEB_RELAY_BIND
+if DEVICE_WEB_RELAY_HOST in ("", "0.0.0.0", "::"):  # noqa: S104 - a check, not a bind
+    raise ImproperlyConfigured("AI1NET_DEVICE_WEB_RELAY_BIND binds every interface: set AI1NET_DEVICE_WEB_RELAY_HOST "
+                               "to the address other daphne processes reach this one at.")
 
 INSTALLED_APPS = [
     "daphne",
@@ -171,6 +182,7 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["ENGINE"] = "ai1net.sqlite_backend"  # Django's, placeholders converted once per statement
     # daphne runs ORM calls in worker threads: let writers queue instead of failing "locked".
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
@@ -251,6 +263,7 @@ AUTH_PASSWORD_VALIDATORS = [
 OTP_TOTP_ISSUER = "ai1net"
 
 # --- security --------------------------------------------------------------------------------
+SESSION_ENGINE = "ai1net.accounts.sessions"  # Django's database sessions, read with one written statement
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the phone page's JS reads it to send X-CSRFToken
 SESSION_COOKIE_SECURE = not DEBUG
@@ -285,7 +298,7 @@ DOWNLOADS_DIR = Path(os.environ.get("AI1NET_DOWNLOADS_DIR", BASE_DIR / "static" 
 # --- API -------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
+        "ai1net.accounts.authentication.SessionAuthentication",  # DRF's, handing views the user itself
         "ai1net.accounts.authentication.ApiTokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

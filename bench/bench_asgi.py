@@ -24,13 +24,14 @@ from urllib.parse import parse_qs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
-from channels.consumer import get_handler_name  # noqa: E402
 from channels.db import database_sync_to_async  # noqa: E402
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from ai1net import realtime  # noqa: E402
 from ai1net.asgi import application as ai1net_application  # noqa: E402
+from ai1net.consumers import LoopDispatch  # noqa: E402
 from devices import services  # noqa: E402
 from devices.models import Device  # noqa: E402
 from devices.rpc import device_method  # noqa: E402
@@ -72,17 +73,16 @@ def _enqueue_one(device_id: str) -> None:
     services.outbox_enqueue(device=Device(pk=device_id), kind="bench.item", payload={"pad": "x" * 120})
 
 
-class _Lean(AsyncWebsocketConsumer):
-    """No close_old_connections trip per message (as the tunnel consumer): the bench's scaffolding
-    should cost as little as it can; the ORM call below closes old connections around itself."""
-
-    async def dispatch(self, message):
-        await getattr(self, get_handler_name(message))(message)
+class _Lean(LoopDispatch, AsyncWebsocketConsumer):
+    """No close_old_connections trip per message (as our consumers): the bench's scaffolding should cost
+    as little as it can; the ORM call below closes old connections around itself."""
 
 
 class EnqueueConsumer(_Lean):
     async def receive(self, text_data=None, bytes_data=None):
-        await database_sync_to_async(_enqueue_one)(text_data)
+        # As a request's thread enqueues (a view, a device's request): the hand-over to the tunnel leaves
+        # with the thread's result (ai1net.realtime.collecting).
+        await realtime.collecting(database_sync_to_async, _enqueue_one)(text_data)
 
 
 _ack_watchers: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}

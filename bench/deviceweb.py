@@ -10,7 +10,10 @@ the local service of tests/deviceweb/upstream.py and a bridge that exposes it.
 - ``embedded``: a SQLite file and the in-memory channel layer, one daphne.
 - ``pg+redis, 2 daphne``: a fresh PostgreSQL database on 127.0.0.1:5432 and the Redis channel layer,
   two daphne processes. The bridge's tunnel lands on daphne A; a request to A is routed in-process
-  (the stream's frames never touch the channel layer), a request to B crosses to A through Redis.
+  (the stream's frames never touch the channel layer), a request to B crosses to A over A's stream relay
+  (one kept TCP connection between the two processes, devices.web.relay), not through Redis. The Redis
+  layer's own rate (one process sending 1 MiB and small messages to itself) is printed beside it: the
+  ceiling of the route through the layer, which streams take when the relay cannot be reached.
 
 Measured beside the same request straight to 127.0.0.1:<port> in the same run (ratio = through / direct):
 a 100 MB download (MiB/s and the time to its first body byte, medians of --runs) and small requests
@@ -165,7 +168,7 @@ print(json.dumps({"device_id": str(device.pk), "token": token}))
 """
 
 
-def build(world: World, daphnes: int) -> None:
+def build(world: World, daphnes: int, bridge_pyz: str | None = None) -> None:
     env = world.env
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     world.username = f"bench{os.getpid()}{secrets.token_hex(2)}"
@@ -184,8 +187,9 @@ def build(world: World, daphnes: int) -> None:
     world.device_id = made["device_id"]
     client_env = {k: v for k, v in env.items()
                   if not k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "AI1NET_REDIS"))}
-    world.start([PY, "-m", "clients.bridge", "--home", str(home), "run", "--expose", str(world.web_port)],
-                "bridge.log", env=client_env)
+    # From the checkout (websockets' C masking), or as users run it: the .pyz on a bare interpreter.
+    bridge = [PY, "-I", "-S", bridge_pyz] if bridge_pyz else [PY, "-m", "clients.bridge"]
+    world.start([*bridge, "--home", str(home), "run", "--expose", str(world.web_port)], "bridge.log", env=client_env)
 
 
 def browser(world: World, server: str) -> httpx.Client:
@@ -280,7 +284,7 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: li
 
 def layer_ceiling(prefix: str, count: int = 200) -> tuple[float, float]:
     """The Redis channel layer alone, one process sending to a channel it reads (the cross-process route's
-    hop, both ends' CPU on one core): (MiB/s of 1 MiB data-frame messages, messages/s of small ones)."""
+    hop when the stream relay cannot be reached, both ends' CPU on one core): (MiB/s of 1 MiB data-frame messages, messages/s of small ones)."""
     import asyncio
 
     from channels_redis.core import RedisChannelLayer
@@ -359,7 +363,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
             world.env = dict(base, DATABASE_URL=url, REDIS_URL=REDIS_URL, AI1NET_REDIS_PREFIX=prefix)
             daphnes = 2
         try:
-            build(world, daphnes)
+            build(world, daphnes, args.bridge_pyz)
             direct = httpx.Client(base_url=f"http://127.0.0.1:{world.web_port}", timeout=120)
             tunnel = browser(world, world.servers[0])
             layer = "Redis" if daphnes == 2 else "in-memory"
@@ -378,15 +382,16 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
                 print_pair(f"{config}: request on daphne A, which holds the tunnel (in-process route)",
                            through, straight, args.mb)
                 cross = figures["cross"]
-                print_pair(f"{config}: request on daphne B, the tunnel on A (cross-process, Redis layer)",
+                print_pair(f"{config}: request on daphne B, the tunnel on A (cross-process, A's stream relay)",
                            cross, straight, args.mb)
                 rows = rows_for(config, through, straight, args.mb, "request on the daphne holding the tunnel")
                 mibs, messages = layer_ceiling(world.env["AI1NET_REDIS_PREFIX"])
                 print(f"  Redis channel layer alone (send + receive in one process): {mibs:.0f} MiB/s of 1 MiB "
                       f"messages, {messages:.0f} small messages/s", flush=True)
                 rows += rows_for(f"{config} (cross-process)", cross, straight, args.mb,
-                                 "request on the other daphne: frames cross through Redis; the layer alone carries "
-                                 f"{mibs:.0f} MiB/s of 1 MiB messages and {messages:.0f} small messages/s here")
+                                 "request on the other daphne: frames cross to the tunnel's daphne over its stream "
+                                 f"relay; the Redis layer alone (the route without the relay) carries {mibs:.0f} MiB/s "
+                                 f"of 1 MiB messages and {messages:.0f} small messages/s here")
             if args.hold:
                 print(f"holding ({world.pids()}); tunnel {tunnel.base_url} as {world.username}; Ctrl-C to end",
                       flush=True)
@@ -412,6 +417,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="append the rows to this JSON file (bench.report)")
     parser.add_argument("--hold", action="store_true", help="keep each world up after measuring (profiling)")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument("--bridge-pyz", default=None, metavar="PATH",
+                        help="run the bridge from this .pyz on a bare interpreter (-I -S), as users do")
     args = parser.parse_args()
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)

@@ -14,8 +14,9 @@ processes on the same Redis layer.
 Rows (bench/report.py):
 - deliver -> ack vs echo (p99 ratio). One sample: t0 the bench sends a device id on
   ``/ws/bench-outbox`` -> a worker thread runs ``services.outbox_enqueue`` (one durable row,
-  committed) -> the ``deliver`` frame reaches the device -> the device sends ``ack`` -> the tunnel's
-  process has recorded it (``services.outbox_ack`` returned; ``/ws/bench-acks`` says so) = t1.
+  committed; its hand-over leaves with the thread's result, as from a view or a device's request) ->
+  the ``deliver`` frame reaches the device -> the device sends ``ack`` -> the tunnel's process has
+  recorded it (``services.outbox_ack`` returned; ``/ws/bench-acks`` says so) = t1.
   Baseline: the round trip of a 200-byte frame on the bare ``/ws/echo`` consumer, sampled
   alternately with it. With 2 daphne: once with the enqueue on the tunnel's process, once on the
   other one (the doorbell crosses Redis; its own baseline is a frame sent on one daphne and received

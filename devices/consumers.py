@@ -30,8 +30,9 @@ Channel-layer messages another process or consumer may send to the live connecti
   last word on it (web.end, web.reset, web.ws_close).
 - ``{"type": "device.stream_close", "stream": str, "ack": bool, "reply_channel"?: str}``: forget the
   stream; with ``ack``, send reply_channel a last ``{"type": "device.stream.closed", "stream"}``.
-A stream opened in this process (devices.web.streams.LocalLink) calls these handlers directly, with a
-reply "channel" object whose ``put`` takes the messages: no channel layer on that path.
+A stream opened in this process (devices.web.streams.LocalLink), or relayed from another process
+(devices.web.relay), calls these handlers directly, with a reply "channel" object whose ``put`` takes the
+messages: no channel layer on that path.
 """
 
 from __future__ import annotations
@@ -44,19 +45,21 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from channels.consumer import get_handler_name
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
+from ai1net import realtime
+from ai1net.consumers import LoopDispatch
 from ai1net.exceptions import ApplicationError, RateLimited, ValidationFailed
 from ai1net.limits import enforce_storable
 from clients import limits, protocol
 from devices import events, live, rpc, selectors, services, signals
 from devices.access import socket_otp_satisfied
 from devices.models import Device
+from devices.web import relay
 
 logger = logging.getLogger(__name__)
 
@@ -230,18 +233,8 @@ class _TunnelSweep:
                     task.add_done_callback(_background.discard)
 
 
-class DeviceConsumer(AsyncWebsocketConsumer):
+class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
     device: Device | None = None
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        # Channels' dispatch first runs close_old_connections on the thread-sensitive database thread
-        # for every message (each frame, heartbeat and doorbell): with thousands of tunnels that one
-        # thread became the bottleneck. This consumer never uses the ORM on the event loop; each of its
-        # ORM calls runs in DatabaseSyncToAsync, which closes old connections around the call itself.
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -357,8 +350,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             return
         # A doorbell rung after the hello's write comes to this channel (the enqueue reads the live
         # channel under the device row's lock); one rung before it is covered by the read below.
+        # Scaled out, other processes reach this tunnel's streams through this process's relay (written
+        # with the channel name); started with the first hello.
+        relay_address = await relay.serve() if relay.enabled(self.channel_layer) else ""
         try:
-            device, older = await self._hello_write(hello, params)
+            device, older = await self._hello_write(hello, params, relay_address)
         except ApplicationError:
             await self._close(protocol.CLOSE_REVOKED)
             return
@@ -421,7 +417,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def _on_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         try:
-            response = await database_sync_to_async(rpc.dispatch)(self.device, request_id, method, params)
+            # The request's doorbells (a question's phone event ...) leave with its result: one wake-up.
+            dispatch = realtime.collecting(database_sync_to_async, rpc.dispatch)
+            response = await dispatch(self.device, request_id, method, params)
         except Exception:  # e.g. the database is unreachable: the device retries with the same id
             logger.exception("device request %s failed", method)
             response = {"error": {"code": protocol.INTERNAL_ERROR, "message": "internal error"}}
@@ -582,7 +580,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _signal(self, signal: Any, **kwargs: Any) -> None:
         await _db(_send_signal)(signal, **kwargs)
 
-    def _hello_write(self, hello: dict[str, Any], params: dict[str, Any]) -> asyncio.Future:
+    def _hello_write(self, hello: dict[str, Any], params: dict[str, Any], relay_address: str = "") -> asyncio.Future:
         """``services.device_hello``, then the ``device_connected`` receivers, in one trip to a database
         thread: the future settles as soon as the hello is written; the receivers run after it there."""
         loop, known, channel_name = self.loop, self.device, self.channel_name
@@ -599,7 +597,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         def write_then_signal() -> None:
             try:
                 result = services.device_hello(device_id=known.pk, channel_name=channel_name, hello=hello,
-                                               known=known)
+                                               known=known, relay=relay_address)
             except Exception as exc:
                 loop.call_soon_threadsafe(settle, None, exc)
                 return
@@ -699,7 +697,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             task.add_done_callback(_background.discard)
 
 
-class DevicesPageConsumer(AsyncJsonWebsocketConsumer):
+class DevicesPageConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     """/ws/devices: pushes ``devices.presence.changed`` for the logged-in user's devices."""
 
     async def connect(self) -> None:

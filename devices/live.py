@@ -17,6 +17,8 @@ import asyncio
 import logging
 from typing import Protocol
 
+from ai1net import realtime
+
 logger = logging.getLogger(__name__)
 
 
@@ -49,7 +51,7 @@ def hand_over(channel_name: str, frames: list[tuple[int, str]]) -> bool:
     if tunnel is None:
         return False
     try:
-        tunnel.loop.call_soon_threadsafe(tunnel.outbox_handed, frames)
+        realtime.call_in_loop(tunnel.loop, tunnel.outbox_handed, frames)
     except RuntimeError:  # its loop closed meanwhile: the device reconnects and reads the outbox
         logger.debug("tunnel %s is gone", channel_name)
         return False

@@ -46,6 +46,9 @@ class Device(models.Model):
     # Presence, written by the tunnel consumer.
     connection_count = models.PositiveIntegerField(default=0)
     channel_name = models.CharField(max_length=200, blank=True, help_text="The live connection's channel.")
+    # host:port of the device-web stream relay of the daphne process that holds the live connection
+    # (devices.web.relay; scaled out only): written with channel_name by the hello, empty when none.
+    relay = models.CharField(max_length=300, blank=True, help_text="Stream relay of the live connection's process.")
     connected_at = models.DateTimeField(null=True, blank=True)
     disconnected_at = models.DateTimeField(null=True, blank=True)
 

@@ -309,8 +309,11 @@ def device_expire_ephemeral(*, device_id: Any) -> bool:
 # --- presence (written by the tunnel consumer) ------------------------------------------------
 
 def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any],
-                 known: Device | None = None) -> tuple[Device, str]:
+                 known: Device | None = None, relay: str = "") -> tuple[Device, str]:
     """A connection said hello: it becomes the device's live connection. Returns (device, older channel).
+
+    ``relay``: the address of this process's device-web stream relay (devices.web.relay), "" for none;
+    written in the same statement as the channel.
 
     ``known``: the device as read when the socket opened (with its owner). When nothing that matters
     changed since (status, live channel, next_seq, connection count), one conditional UPDATE makes the
@@ -319,10 +322,10 @@ def device_hello(*, device_id: Any, channel_name: str, hello: dict[str, Any],
     if known is not None and known.pk == device_id:
         acked = int(hello.get("ackedSeq") or 0)
         if acked <= known.acked_seq:
-            device = _device_hello_fast(known, channel_name, hello)
+            device = _device_hello_fast(known, channel_name, hello, relay)
             if device is not None:
                 return device, _older_channel(known.channel_name, channel_name)
-    return _device_hello_locked(device_id=device_id, channel_name=channel_name, hello=hello)
+    return _device_hello_locked(device_id=device_id, channel_name=channel_name, hello=hello, relay=relay)
 
 
 def _older_channel(previous: str, channel_name: str) -> str:
@@ -336,12 +339,14 @@ def _hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
             "client_version": str(hello.get("version") or "")[:50]}
 
 
-def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any]) -> Device | None:
+def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any], relay: str = "") -> Device | None:
     now = timezone.now()
     fields = {"channel_name": channel_name, "connected_at": now, "last_seen_at": now, "disconnected_at": None,
               "connection_count": known.connection_count + 1}
     # What the device says about itself rarely changes between hellos: write only what did.
     fields.update((name, value) for name, value in _hello_fields(hello).items() if getattr(known, name) != value)
+    if known.relay != relay:
+        fields["relay"] = relay
     # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later reads
     # this connection as the live one: it is handed over, or its doorbell is sent to this channel).
     with _presence_write():
@@ -382,7 +387,8 @@ def _relaxed_commit() -> None:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")
 
 
-def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, Any]) -> tuple[Device, str]:
+def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, Any],
+                         relay: str = "") -> tuple[Device, str]:
     now = timezone.now()
     acked = int(hello.get("ackedSeq") or 0)
     with transaction.atomic():
@@ -393,6 +399,7 @@ def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, 
             raise ApplicationError("revoked", code="revoked", status=403)
         older = _older_channel(device.channel_name, channel_name)
         device.channel_name = channel_name
+        device.relay = relay
         device.connected_at = now
         device.last_seen_at = now
         device.disconnected_at = None
@@ -402,7 +409,7 @@ def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, 
         recorded = device.acked_seq
         if acked > device.acked_seq:
             device.acked_seq = min(acked, device.next_seq - 1)
-        device.save(update_fields=["channel_name", "connected_at", "last_seen_at", "disconnected_at",
+        device.save(update_fields=["channel_name", "relay", "connected_at", "last_seen_at", "disconnected_at",
                                    "connection_count", "capabilities", "ports", "roots", "protocol_version",
                                    "client_version", "acked_seq"])
         if acked > recorded:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ai1net.accounts.authentication import SessionAuthentication
 from ai1net.exceptions import Forbidden, ValidationFailed
 from ai1net.schema import errors
 from im import selectors, services

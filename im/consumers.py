@@ -5,6 +5,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from ai1net.consumers import LoopDispatch
 from ai1net.exceptions import NotFound
 from im import events, selectors
 from im.access import otp_satisfied
@@ -12,7 +13,7 @@ from im.access import otp_satisfied
 CLOSE_NOT_ALLOWED = 4404
 
 
-class RoomConsumer(AsyncJsonWebsocketConsumer):
+class RoomConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     group: str | None = None
 
     async def connect(self) -> None:

@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ai1net import sql
 from ai1net.exceptions import Conflict, NotFound, ValidationFailed
 from ai1net.limits import enforce
 from clients.limits import LIMITS
@@ -142,8 +143,8 @@ def message_post(*, room: Room | None = None, room_id: Any = None, author_user: 
             _insert_with_seq_postgresql(conn, message)
         else:
             seq = _next_seq(room_id)
-            message = Message.objects.create(room_id=room_id, seq=seq, author_user=author_user,
-                                             author_device=author_device, kind=kind, body=body)
+            message = sql.insert(Message(room_id=room_id, seq=seq, author_user=author_user,
+                                         author_device=author_device, kind=kind, body=body))
     events.message_created(message)
     return message
 

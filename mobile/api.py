@@ -6,11 +6,11 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ai1net.accounts.authentication import SessionAuthentication
 from ai1net.accounts.selectors import mobile_reply_active
 from ai1net.exceptions import Forbidden, NotFound
 from ai1net.schema import errors

@@ -6,6 +6,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from ai1net.accounts.selectors import mobile_reply_active
+from ai1net.consumers import LoopDispatch
 from devices.events import user_group as devices_user_group
 from im.access import otp_satisfied
 from mobile import events, selectors
@@ -13,7 +14,7 @@ from mobile import events, selectors
 CLOSE_NOT_ALLOWED = 4404
 
 
-class MobileConsumer(AsyncJsonWebsocketConsumer):
+class MobileConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     joined: tuple[str, ...] = ()
 
     async def connect(self) -> None:

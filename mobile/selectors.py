@@ -45,42 +45,6 @@ def _own_question_plan(vendor: str) -> tuple[str, list[list[tuple[Any, list]]]]:
     return sql, plan
 
 
-@functools.cache
-def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...]) -> tuple[str, list[tuple[Any, list, Any]]]:
-    qn, meta = connection.ops.quote_name, model._meta
-    plan = []
-    for field in meta.concrete_fields:
-        col = field.get_col(meta.db_table)
-        plan.append((field, connection.ops.get_db_converters(col) + col.get_db_converters(connection), col))
-    where = " AND ".join(f"{qn(meta.get_field(name).column)} = %s" for name in columns)
-    # Names from the model's _meta, values as parameters.
-    sql = (f"SELECT {', '.join(qn(field.column) for field, _, _ in plan)} FROM {qn(meta.db_table)} "  # noqa: S608
-           f"WHERE {where}")
-    return sql, plan
-
-
-def one_by(model: type, **values: Any) -> Any:
-    """``model.objects.filter(**values).first()`` for an equality lookup that names at most one row (a
-    primary key, a unique set of columns), as one statement written out once per shape: on the hot
-    paths, Django compiling such a read cost more than the database took to answer it."""
-    names = tuple(values)
-    sql, plan = _by_columns_plan(connection.vendor, model, names)
-    meta = model._meta
-    params = [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), connection)
-              for name, value in values.items()]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    converted = []
-    for value, (_field, converters, col) in zip(row, plan, strict=True):
-        for converter in converters:
-            value = converter(value, col, connection)
-        converted.append(value)
-    return model.from_db(connection.alias, [field.attname for field, _, _ in plan], converted)
-
-
 def own_question(*, user: Any, question_id: uuid.UUID) -> Question | None:
     """``Question.objects.select_related("session", "device").filter(pk=…, device__owner=user).first()``
     as one statement written out once: on the answer POST, Django compiling that query cost more than the

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ai1net import sql
 from ai1net.accounts.selectors import mobile_reply_active
 from ai1net.accounts.services import audit_record, hash_secret
 from ai1net.exceptions import (
@@ -230,7 +231,7 @@ def hook_event_record(*, device: Device, session_id: str, event: str, tool_use_i
 
 
 def _session_for_question(device: Device, session_id: str) -> AgentSession:
-    session = selectors.one_by(AgentSession, device=device, session_id=session_id)  # unique together
+    session = sql.one_by(AgentSession, device=device, session_id=session_id)  # unique together
     if session is None:  # the bridge was installed mid-session: register it now
         session_start(device=device, session_id=session_id)
         session = AgentSession.objects.get(device=device, session_id=session_id)
@@ -254,7 +255,7 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
         qid = uuid.UUID(str(question_id))
     except ValueError:
         raise ValidationFailed("question_id must be a UUID.") from None
-    existing = selectors.one_by(Question, id=qid)
+    existing = sql.one_by(Question, id=qid)
     if existing is not None:
         if existing.device_id != device.pk:
             raise ValidationFailed("question_id is already in use.")
@@ -519,7 +520,7 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
         if won:
             # The row as the UPDATE left it (it changed nothing else): no re-read.
             question.state, question.decided_at = Question.State.ANSWERED, now
-            Answer.objects.create(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free)
+            sql.insert(Answer(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free))
             # The bridge's item first: its doorbell is the first to leave after commit.
             outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
                 "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),

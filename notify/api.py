@@ -10,11 +10,11 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ai1net.accounts.authentication import SessionAuthentication
 from ai1net.exceptions import Forbidden
 from ai1net.schema import errors
 from im.access import http_otp_satisfied

@@ -12,6 +12,7 @@ REQUIRED=(
   "git:git"            # the probe's git_diff / git_log
   "tmux:tmux"          # the real Claude Code CLI in interactive mode (mobile reply end to end)
   "npm:npm"            # installs that Claude Code CLI for the end-to-end test
+  "ss:iproute2"        # shows which TCP connection carried a device-web stream (the relay's end-to-end test)
 )
 APT_GET=${AI1NET_APT_GET:-apt-get}
 

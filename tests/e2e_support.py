@@ -57,7 +57,7 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
 def test_database_url() -> str:
     """The URL of the database the test run uses (pytest-django's test database)."""
     db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
+    if "sqlite" in db["ENGINE"]:
         return f"sqlite:///{db['NAME']}"
     user = db.get("USER") or ""
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""

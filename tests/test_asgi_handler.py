@@ -249,3 +249,96 @@ def test_the_application_module_tunes_device_web_and_django_setup_alone_does_not
     assert one_pass("ai1net.asgi")
     assert not one_pass("django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ai1net.settings'); "
                         "django.setup(); import devices.models")
+
+
+# --- a commit's doorbells ride on the request's one hop back ---------------------------------------
+
+@csrf_exempt
+def sending_view(request):
+    from django.db import transaction
+
+    from ai1net import realtime
+
+    with transaction.atomic():
+        realtime.group_send_on_commit("handler-test", {"type": "note", "n": 1})
+        realtime.group_send_on_commit("handler-test", {"type": "note", "n": 2})
+    if request.GET.get("wait"):
+        release.wait(10)
+    with transaction.atomic():
+        realtime.group_send_on_commit("handler-test", {"type": "note", "n": 3})
+    return JsonResponse({"ok": True})
+
+
+urlpatterns += [path("sending", sending_view)]
+
+
+@pytest.fixture
+async def listener():
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add("handler-test", channel)
+    yield layer, channel
+    await layer.group_discard("handler-test", channel)
+
+
+async def notes(layer, channel, count: int) -> list[int]:
+    return [(await asyncio.wait_for(layer.receive(channel), 10))["n"] for _ in range(count)]
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_a_views_commits_wake_the_event_loop_once_when_its_thread_returns(app, listener, monkeypatch):
+    """Each call_soon_threadsafe from the request's thread woke the loop, which then took the GIL from the
+    thread still finishing the request; the sends are now handed over with the thread's result."""
+    layer, channel = listener
+    loop = asyncio.get_running_loop()
+    woken_by: list[str] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback, *args, **kwargs):
+        woken_by.append(getattr(callback, "__qualname__", repr(callback)))
+        return original(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    response = await fetch(app, "/sending")
+    assert response["status"] == 200
+    assert await notes(layer, channel, 3) == [1, 2, 3]  # all of them, in order
+    assert "_hand_over" not in woken_by, woken_by
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_a_cancelled_requests_commits_are_still_sent_when_its_thread_is_done(app, listener):
+    layer, channel = listener
+    release.clear()
+    gone = HttpCommunicator(app, "POST", "/sending?wait=1", headers=[(b"host", b"127.0.0.1")])
+    await gone.send_input({"type": "http.request", "body": b""})
+    await asyncio.sleep(0.3)  # two sends committed, the view waits
+    gone.future.cancel()  # as daphne cancels an application whose client left long ago
+    await asyncio.sleep(0.3)
+    release.set()  # the view goes on, commits the third
+    assert await notes(layer, channel, 3) == [1, 2, 3]
+    assert app._idle == []  # and its thread is never lent again
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_the_response_is_written_before_the_doorbells_leave(app, monkeypatch):
+    from ai1net import realtime
+
+    order: list[str] = []
+    monkeypatch.setattr(realtime, "_hand_over", lambda loop, group, message: order.append(f"send {message['n']}"))
+    received = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        return received.pop(0) if received else await asyncio.Event().wait()
+
+    async def send(message):
+        order.append(message["type"])
+
+    scope = {"type": "http", "method": "POST", "path": "/sending", "raw_path": b"/sending", "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    await app(scope, receive, send)
+    assert order == ["http.response.start", "http.response.body", "send 1", "send 2", "send 3"], order

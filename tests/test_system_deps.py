@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "system-deps.sh"
-COMMANDS = {"chromium": "chromium", "rg": "ripgrep", "git": "git", "tmux": "tmux", "npm": "npm"}
+COMMANDS = {"chromium": "chromium", "rg": "ripgrep", "git": "git", "tmux": "tmux", "npm": "npm", "ss": "iproute2"}
 
 
 def stub(folder: Path, name: str, body: str = "exit 0") -> None:
@@ -36,8 +36,8 @@ def test_without_apt_it_stops_with_one_line_naming_the_packages_and_the_command(
     done = run(tmp_path, uid=0)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        "make deps: missing system package(s) chromium ripgrep tmux npm: install them with "
-        "'sudo apt-get install -y chromium ripgrep tmux npm', then run make again"
+        "make deps: missing system package(s) chromium ripgrep tmux npm iproute2: install them with "
+        "'sudo apt-get install -y chromium ripgrep tmux npm iproute2', then run make again"
     ]
 
 
@@ -45,7 +45,7 @@ def test_not_root_and_no_sudo_it_does_not_try_to_install(tmp_path):
     log = tmp_path / "apt.log"
     stub(tmp_path, "apt-get", f'echo "$@" >> {log}; exit 1')
     done = run(tmp_path, uid=1000)
-    assert done.returncode == 1 and "sudo apt-get install -y chromium ripgrep git tmux npm" in done.stderr
+    assert done.returncode == 1 and "sudo apt-get install -y chromium ripgrep git tmux npm iproute2" in done.stderr
     assert not log.exists()
 
 
@@ -54,6 +54,7 @@ def test_as_root_it_installs_the_missing_packages_with_apt(tmp_path):
     bin_dir.mkdir()
     stub(bin_dir, "tmux")
     stub(bin_dir, "npm")
+    stub(bin_dir, "ss")
     # A stand-in apt-get: logs its arguments and "installs" by putting the packages' commands on PATH.
     packages = " ".join(f"{package}) /bin/cp {bin_dir}/tmux {bin_dir}/{command};;"
                         for command, package in COMMANDS.items())
@@ -67,7 +68,7 @@ def test_as_root_it_installs_the_missing_packages_with_apt(tmp_path):
 
 def test_an_install_that_leaves_something_missing_fails_naming_it(tmp_path):
     stub(tmp_path, "fake-apt", "exit 100")  # fails, installs nothing
-    for command in ("chromium", "git", "tmux", "npm"):
+    for command in ("chromium", "git", "tmux", "npm", "ss"):
         stub(tmp_path, command)
     done = run(tmp_path, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
     assert done.returncode == 1

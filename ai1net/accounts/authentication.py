@@ -2,9 +2,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.functional import LazyObject, empty
 from rest_framework import authentication, exceptions
 
 from ai1net.accounts import ratelimit, selectors, services
+
+
+class SessionAuthentication(authentication.SessionAuthentication):
+    """DRF's session authentication (CSRF-checked), handing the view the user itself.
+
+    Django's AuthenticationMiddleware gives ``request.user`` as a lazy proxy and django-otp's middleware
+    wraps that in a second one, so every attribute a view or service read from the user went through
+    both (2.6 µs a read, against 0.09 on the user itself): an answer POST made 48 such reads, now 9. The user is
+    loaded by then anyway (the OTP middleware sets its fields on it); from here on ``request.user`` is
+    that object, for the view and for Django's request alike (DRF sets both).
+    """
+
+    def authenticate(self, request: Any) -> tuple[Any, Any] | None:
+        result = super().authenticate(request)
+        return None if result is None else (unwrapped(result[0]), result[1])
+
+
+def unwrapped(user: Any) -> Any:
+    """The object behind lazy proxies of it (``SimpleLazyObject``), however many, each evaluated if need be."""
+    while isinstance(user, LazyObject):
+        if user._wrapped is empty:
+            user._setup()
+        user = user._wrapped
+    return user
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):

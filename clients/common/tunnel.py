@@ -26,10 +26,12 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from clients import limits, protocol
+from clients import limits, masking, protocol
 from clients.common.longpoll import LongPollClient
 
 log = logging.getLogger("ai1net.tunnel")
+
+masking.install()  # a .pyz has no C masking: every frame a client sends is masked (clients/masking.py)
 
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0

@@ -117,11 +117,11 @@ def _device_row(user: Any, device_id: Any) -> Device | None:
 
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
-DB_SESSIONS = "django.contrib.sessions.backends.db"
+DB_SESSIONS = {"django.contrib.sessions.backends.db", "ai1net.accounts.sessions"}  # the django_session table
 _USER_FIELDS = ("id", "password", "otp_epoch", "is_active", "device_web_enabled")
 
 
-_DEVICE_FIELDS = ("id", "owner_id", "name", "kind", "status", "channel_name", "capabilities", "ports")
+_DEVICE_FIELDS = ("id", "owner_id", "name", "kind", "status", "channel_name", "relay", "capabilities", "ports")
 
 
 @functools.cache
@@ -149,7 +149,7 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
     key = getattr(session, "session_key", None)
     number = _port(port)
     if (not key or number is None or not settings.DEVICE_WEB_ENABLED or hosts.separate()
-            or settings.SESSION_ENGINE != DB_SESSIONS or MODEL_BACKEND not in settings.AUTHENTICATION_BACKENDS):
+            or settings.SESSION_ENGINE not in DB_SESSIONS or MODEL_BACKEND not in settings.AUTHENTICATION_BACKENDS):
         return None
     pk_field = Device._meta.pk
     try:

@@ -10,8 +10,11 @@ When the device's tunnel lives in this very process (always in the embedded setu
 processes, when the request lands on the one the device dialled), an HTTP stream takes ``LocalLink``
 instead: the same messages, handed to the tunnel consumer's handlers and back through an in-memory
 queue, never through the channel layer (whose every message costs a copy, and with Redis a round trip
-and ~2.6 ms of CPU). Streams of a device with the ``web.binary`` capability move their data as binary
-frames (clients/protocol.py) and use the larger binary window.
+and ~2.6 ms of CPU). When another daphne process holds the tunnel, an HTTP stream goes to that process's
+stream relay (``devices.web.relay.RelayLink``: one TCP connection between the two processes carries the
+same messages), and through the channel layer only when that relay cannot take it. Streams of a device
+with the ``web.binary`` capability move their data as binary frames (clients/protocol.py) and use the
+larger binary window.
 """
 
 from __future__ import annotations
@@ -88,15 +91,20 @@ class TunnelLink:
         """Register the stream on the tunnel and, in the same message, send its first frame (web.open)."""
         message: dict[str, Any] = {"type": "device.stream_open", "stream": self.stream, "reply_channel": self.reply}
         if method is not None:
-            if self.binary:
-                params = dict(params or {}, binary=True)
-            message["frame"] = protocol.notification(method, dict(params or {}, stream=self.stream))
+            message["frame"] = self.open_frame(method, params)
         await self._send(message)
         self.opened = True
 
+    def open_frame(self, method: str, params: dict[str, Any] | None) -> str:
+        if self.binary:
+            params = dict(params or {}, binary=True)
+        return protocol.notification(method, dict(params or {}, stream=self.stream))
+
     async def frame(self, method: str, params: dict[str, Any]) -> None:
-        await self._send({"type": "device.forward",
-                          "frame": protocol.notification(method, dict(params, stream=self.stream))})
+        message = {"type": "device.forward", "frame": protocol.notification(method, dict(params, stream=self.stream))}
+        if method == protocol.WEB_CREDIT:
+            message["credit"] = params.get("bytes")  # for a relay on the way (devices.web.relay): what we freed
+        await self._send(message)
 
     async def data(self, seq: int, payload: bytes, kind: int = protocol.WEB_BIN_DATA) -> None:
         """One chunk of body (or one binary WebSocket message): a binary frame, or base64 in JSON text."""
@@ -136,25 +144,17 @@ class TunnelLink:
                 pass
 
 
-class LocalLink(TunnelLink):
-    """A stream whose device tunnel is a consumer in this process: the same messages, handed to the
-    consumer's handlers directly, and the consumer hands the device's frames to ``put`` (no channel
-    layer, no copy). The queue is bounded like a channel: a device that sends past its credit gets the
-    stream reset, never our memory filled."""
+class QueueLink(TunnelLink):
+    """A stream whose messages from the tunnel come to ``put`` (no channel layer) and wait in a queue for
+    ``receive``. The queue is bounded like a channel: a device that sends past its credit gets the stream
+    reset, never our memory filled."""
 
-    def __init__(self, tunnel: Any, *, binary: bool = False) -> None:
-        super().__init__(None, tunnel.channel_name, self, binary=binary)
-        self.consumer = tunnel
+    def __init__(self, tunnel_channel: str, *, binary: bool = False) -> None:
+        super().__init__(None, tunnel_channel, self, binary=binary)
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.ready = asyncio.Event()
         self.queued = 0  # credit cost of the data frames in the queue
         self.overflow = False
-
-    async def _send(self, message: dict[str, Any]) -> None:
-        if self.consumer.closing:
-            raise LinkLost("the device's tunnel closed")
-        handler = getattr(self.consumer, message["type"].replace(".", "_"))
-        await handler(message)
 
     def put(self, message: dict[str, Any]) -> None:
         """Called by the tunnel consumer (sync, on the event loop) for every message of this stream."""
@@ -183,6 +183,22 @@ class LocalLink(TunnelLink):
         self.queued -= message.get("cost", 0)
         return message
 
+
+class LocalLink(QueueLink):
+    """A stream whose device tunnel is a consumer in this process: the same messages, handed to the
+    consumer's handlers directly, and the consumer hands the device's frames to ``put`` (no channel
+    layer, no copy)."""
+
+    def __init__(self, tunnel: Any, *, binary: bool = False) -> None:
+        super().__init__(tunnel.channel_name, binary=binary)
+        self.consumer = tunnel
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.consumer.closing:
+            raise LinkLost("the device's tunnel closed")
+        handler = getattr(self.consumer, message["type"].replace(".", "_"))
+        await handler(message)
+
     async def close(self, reset_reason: str | None = None, *, drain: bool = False) -> None:
         if not self.opened:
             return
@@ -198,14 +214,19 @@ class LocalLink(TunnelLink):
 
 async def link_to(device: Any) -> TunnelLink:
     """One HTTP stream's way to ``device``'s live tunnel: in-process when the tunnel consumer runs here
-    (``DEVICE_WEB_IN_PROCESS``, on by default), else through the channel layer."""
+    (``DEVICE_WEB_IN_PROCESS``, on by default); else straight to the stream relay of the daphne process
+    that holds it (``Device.relay``, scaled out: devices.web.relay), which falls back to the channel layer
+    when that relay cannot take the stream; else through the channel layer."""
     from devices.consumers import local_tunnel
+    from devices.web import relay
 
     binary = protocol.WEB_BINARY_CAPABILITY in (device.capabilities or [])
     tunnel = local_tunnel(device.channel_name) if settings.DEVICE_WEB_IN_PROCESS else None
     if tunnel is not None:
         return LocalLink(tunnel, binary=binary)
     layer = get_channel_layer()
+    if getattr(device, "relay", "") and relay.enabled(layer):
+        return relay.RelayLink(device.channel_name, device.relay, layer, binary=binary)
     # No custom prefix: channels-redis reads every process-local channel from one list per prefix.
     return TunnelLink(layer, device.channel_name, await layer.new_channel(), binary=binary)
 

@@ -20,6 +20,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from ai1net.consumers import LoopDispatch
 from ai1net.exceptions import ApplicationError
 from clients import protocol
 from devices.web import streams
@@ -35,7 +36,7 @@ CLOSE_TRY_AGAIN = 4013  # the browser sent more than we may buffer (cf. 1013)
 CLOSE_UPSTREAM_FAILED = 4502  # the device or its local server failed (cf. 1011 / 502)
 
 
-class DeviceWebSocketConsumer(AsyncWebsocketConsumer):
+class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
     link: streams.TunnelLink | None = None
 
     async def connect(self) -> None:

@@ -1,12 +1,19 @@
 """Device web's routes and frame kinds, end to end with real processes: a large body each way arrives
 intact whether the stream is routed in-process (the request lands on the daphne that holds the tunnel)
-or through the channel layer (forced here with AI1NET_DEVICE_WEB_IN_PROCESS=0; with Redis, also across
-two daphne processes), and whether the bridge speaks binary data frames or, as an older bridge, text."""
+or through the channel layer (forced here with AI1NET_DEVICE_WEB_IN_PROCESS=0), or, with Redis, across two
+daphne processes (straight to the stream relay of the process that holds the tunnel, devices.web.relay; through
+the layer when that relay cannot be reached), and whether the bridge speaks binary data frames or, as an older
+bridge, text."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,7 +22,7 @@ from devices.models import Device
 from tests.deviceweb.conftest import FAST
 from tests.deviceweb.support import Bridge, Upstream, browser, enable_device_web
 from tests.deviceweb.test_streams_e2e import expected_sha256
-from tests.e2e_support import Daphne
+from tests.e2e_support import Daphne, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,22 +71,56 @@ def test_a_large_body_each_way_arrives_intact(tmp_path, user, password, binary, 
         server.stop()
 
 
-def test_across_two_daphne_processes_through_redis(tmp_path, user, password, settings):
-    """The request lands on daphne B, the device's tunnel is on daphne A: every frame crosses Redis."""
+def relay_bytes_received(address: str) -> int:
+    """What this machine's open TCP connections to ``address`` received (``ss``): the dialling daphne's side."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", "dst", address], capture_output=True, text=True,
+                         check=True).stdout
+    return sum(int(n) for n in re.findall(r"\bbytes_received:(\d+)", out))
+
+
+@contextlib.contextmanager
+def tunnel_on_a(tmp_path, user, settings) -> Iterator[tuple[Daphne, Daphne, Bridge, Upstream]]:
+    """Two daphne processes on Redis, A and B, and a bridge whose tunnel is on A, exposing a local service."""
     if not settings.REDIS_URL:
         pytest.skip("two daphne processes need the Redis channel layer (REDIS_URL)")
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2, installed by make deps) is needed to see which connection carried the stream")
     enable_device_web(user)
-    a = Daphne(tmp_path, name="daphne-a", **FAST)
-    b = Daphne(tmp_path, name="daphne-b", **FAST)
-    upstream = Upstream(tmp_path)
-    bridge = None
-    try:
+    with contextlib.ExitStack() as stopping:  # stopped in reverse: the bridge, the service, B, A
+        a = Daphne(tmp_path, name="daphne-a", **FAST)
+        stopping.callback(a.stop)
+        b = Daphne(tmp_path, name="daphne-b", **FAST)
+        stopping.callback(b.stop)
+        upstream = Upstream(tmp_path)
+        stopping.callback(upstream.stop)
         bridge = Bridge(a, user, tmp_path / "home", [upstream.port])
+        stopping.callback(bridge.stop)
+        yield a, b, bridge, upstream
+
+
+@pytest.mark.e2e
+def test_across_two_daphne_processes_the_stream_goes_straight_to_the_relay_of_the_tunnels_process(
+        tmp_path, user, password, settings):
+    """The request lands on daphne B, the device's tunnel is on daphne A: the stream's frames cross one TCP
+    connection from B to A's relay (not Redis), and a large body each way arrives intact."""
+    with tunnel_on_a(tmp_path, user, settings) as (a, b, bridge, upstream):
+        address = Device.objects.get(pk=bridge.device.pk).relay
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", address), address  # A's, written by the hello
+        assert relay_bytes_received(address) == 0
         round_trip(b, bridge, upstream, user.username, password)
-        round_trip(a, bridge, upstream, user.username, password)
-    finally:
-        if bridge is not None:
-            bridge.stop()
-        upstream.stop()
-        b.stop()
-        a.stop()
+        # The download (24 MiB) and the chunked one (3 MiB) came to B over its connection to A's relay.
+        assert relay_bytes_received(address) > 27 * MIB
+        round_trip(a, bridge, upstream, user.username, password)  # on A itself: in-process, as before
+
+
+@pytest.mark.e2e
+def test_across_two_daphne_processes_an_unreachable_relay_leaves_the_stream_to_the_channel_layer(
+        tmp_path, user, password, settings):
+    """A stale relay address (the process died, the port is closed): the request on B still works, through
+    Redis, and nothing reaches A's relay."""
+    with tunnel_on_a(tmp_path, user, settings) as (_a, b, bridge, upstream):
+        address = Device.objects.get(pk=bridge.device.pk).relay
+        assert address
+        Device.objects.filter(pk=bridge.device.pk).update(relay=f"127.0.0.1:{free_port()}")  # nobody listens
+        round_trip(b, bridge, upstream, user.username, password)
+        assert relay_bytes_received(address) == 0

@@ -98,7 +98,9 @@ class LiveTunnel:
 
 def close_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Let the consumer's last tasks (presence writes after a disconnect) finish, then close ``loop``."""
-    sleepers = ("_TunnelSweep.run", "DeviceConsumer._tick")  # wait a heartbeat (20 s) before they look again
+    # They wait a heartbeat (20 s) before they look again; the stream relay's listener (on Redis) serves
+    # until its loop closes.
+    sleepers = ("_TunnelSweep.run", "DeviceConsumer._tick", "Server.serve_forever")
     pending = [t for t in asyncio.all_tasks(loop) if t.get_coro().__qualname__ not in sleepers]
     if pending:
         loop.run_until_complete(asyncio.wait(pending, timeout=10))

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from ai1net import sql
 from ai1net.accounts.models import AuditEntry
 from im.models import Message, Panel
 from mobile import services
@@ -272,18 +273,17 @@ def test_user_needs_otp_in_one_statement(mobile_user, django_assert_num_queries)
 
 @pytest.mark.django_db
 def test_one_by_reads_what_the_orm_reads(bridge, django_assert_num_queries):
-    from mobile import selectors
     from mobile.models import AgentSession
 
     question, _nonce = ask(bridge)
     with django_assert_num_queries(2):
-        session = selectors.one_by(AgentSession, device=bridge, session_id="sess-1")
-        again = selectors.one_by(Question, id=question.pk)
+        session = sql.one_by(AgentSession, device=bridge, session_id="sess-1")
+        again = sql.one_by(Question, id=question.pk)
     reference = AgentSession.objects.get(device=bridge, session_id="sess-1")
     assert [getattr(session, f.attname) for f in AgentSession._meta.concrete_fields] == [
         getattr(reference, f.attname) for f in AgentSession._meta.concrete_fields]
     assert again.questions == question.questions and again.expires_at == question.expires_at
-    assert selectors.one_by(AgentSession, device=bridge, session_id="nope") is None
+    assert sql.one_by(AgentSession, device=bridge, session_id="nope") is None
 
 
 @pytest.mark.django_db

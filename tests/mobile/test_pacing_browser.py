@@ -4,9 +4,12 @@ that cannot reach the platform says so and can be sent again."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from mobile.models import PhoneMessage
 from tests.e2e_support import Daphne
@@ -15,14 +18,40 @@ from tests.mobile.test_browser import CHROMIUM, CHROMIUM_ARGS
 
 
 def wait_for_line(card, text: str, server: Daphne) -> None:
-    """The card's log shows a line with ``text``; if not, fail saying what the page and daphne said."""
+    """The card's log shows a line with ``text``; if not, fail saying what the page, its API calls, the
+    database's lock holders and daphne said."""
     try:
-        card.locator(".m-log li", has_text=text).wait_for(timeout=15_000)
+        # Longer than a SQLite writer's busy timeout (30 s): a write that waits on a lock ends in the page's
+        # error note, which this then shows, rather than in an arbitrary cut-off.
+        card.locator(".m-log li", has_text=text).wait_for(timeout=35_000)
     except Exception as exc:
         note = card.locator('[data-testid="session-note"]').text_content()
         lines = card.locator(".m-log li").all_text_contents()
+        calls = "\n".join(getattr(card.page, "api_calls", []))
         raise AssertionError(f"no line for {text!r}: note {note!r}, lines {lines!r}\n"
+                             f"the page's API calls:\n{calls}\nlocks on the database file: {sqlite_locks()}\n"
                              f"daphne log:\n{server.log()[-4000:]}") from exc
+
+
+def sqlite_locks() -> list[str]:
+    """Who holds POSIX locks on the SQLite test database and its -shm (/proc/locks; in WAL mode the writer
+    holds byte 120 of -shm): a writer waits up to its 30 s busy timeout for the one before it."""
+    name = str(connection.settings_dict["NAME"])
+    if connection.vendor != "sqlite":
+        return []
+    files = {os.stat(path).st_ino: label for path, label in ((name, "db"), (name + "-shm", "shm")) if os.path.exists(path)}
+    held = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        inode = fields[5].rsplit(":", 1)[-1] if len(fields) > 7 else ""
+        if inode.isdigit() and int(inode) in files:
+            pid = fields[4]
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+            except OSError:
+                command = "?"
+            held.append(f"{files[int(inode)]} {fields[3]} {fields[6]}-{fields[7]} pid {pid}: {command}")
+    return held
 
 
 @contextlib.contextmanager
@@ -42,6 +71,12 @@ def session_card(tmp_path, client, bridge, mobile_user) -> Iterator[tuple]:
             try:
                 context.add_cookies([{"name": "sessionid", "value": session_key, "url": server.url}])
                 page = context.new_page()
+                # What the page asked the API and what came back, for a failure to tell.
+                page.api_calls = []
+                page.on("request", lambda r: "/api/" in r.url and page.api_calls.append(f"-> {r.method} {r.url}"))
+                page.on("response", lambda r: "/api/" in r.url and page.api_calls.append(f"<- {r.status} {r.url}"))
+                page.on("requestfailed", lambda r: "/api/" in r.url and page.api_calls.append(
+                    f"!! {r.method} {r.url}: {r.failure}"))
                 page.goto(f"{server.url}/m/")
                 card = page.locator('[data-testid="session"][data-session-id="sess-1"]')
                 card.wait_for(timeout=15_000)

@@ -138,6 +138,7 @@ def test_the_dispatcher_sends_at_once_then_once_per_window(settings, monkeypatch
     assert len(by_user[2]) == 1 and by_user[2][0] < 0.2
 
 
+@pytest.mark.django_db  # send_waiting closes the thread's old connection first: one left open here is checked
 def test_a_failing_send_never_reaches_the_caller(monkeypatch):
     def boom(*, user_id):
         raise RuntimeError("push service on fire")

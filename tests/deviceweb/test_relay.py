@@ -1,0 +1,275 @@
+"""The device-web stream relay between daphne processes (devices.web.relay), in one process: the relay and
+the link that dials it on this test's event loop, a stand-in for the tunnel consumer. The two-process path
+is in test_routes_e2e."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+
+import msgpack
+import pytest
+from channels.layers import get_channel_layer
+
+from clients import protocol
+from devices import consumers
+from devices.web import relay, streams
+
+CHUNK = protocol.WEB_BIN_CHUNK_BYTES
+WINDOW = protocol.WEB_BIN_WINDOW_BYTES
+
+
+class FakeTunnel:
+    """What the relay uses of a DeviceConsumer that said hello in this process."""
+
+    closing = False
+    hello_done = True
+
+    def __init__(self, channel_name: str = "relaytest.tunnel") -> None:
+        self.channel_name = channel_name
+        self.loop = asyncio.get_running_loop()
+        self.streams: dict = {}
+        self.forwarded: list = []
+        self.got = asyncio.Event()
+
+    async def device_stream_open(self, message: dict) -> None:
+        self.streams[message["stream"]] = message["reply_channel"]
+        self.forwarded.append(message)
+        self.got.set()
+
+    async def device_forward(self, message: dict) -> None:
+        self.forwarded.append(message)
+        self.got.set()
+
+    async def device_stream_close(self, message: dict) -> None:
+        self.streams.pop(message["stream"], None)
+        self.forwarded.append(message)
+        self.got.set()
+
+    async def wait_for(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self.forwarded) < count:
+                self.got.clear()
+                await self.got.wait()
+
+
+@pytest.fixture
+async def tunnel(monkeypatch):
+    fake = FakeTunnel()
+    monkeypatch.setitem(consumers._web_tunnels, fake.channel_name, fake)
+    yield fake
+    for pool in list(relay._pools.values()):
+        for connection in list(pool.values()):
+            if isinstance(connection, relay.Connection):
+                connection.close()
+        pool.clear()
+
+
+def stream_message(stream: str, method: str, **params) -> dict:
+    return {"type": "device.stream", "stream": stream,
+            "frame": {"jsonrpc": "2.0", "method": method, "params": dict(params, stream=stream)}}
+
+
+async def receive(link: streams.TunnelLink) -> dict:
+    return await asyncio.wait_for(link.receive(), 5)
+
+
+async def test_a_relayed_stream_carries_the_same_messages_both_ways_over_one_shared_connection(tunnel):
+    address = await relay.serve()
+    assert address.startswith("127.0.0.1:")
+    link = relay.RelayLink(tunnel.channel_name, address, get_channel_layer(), binary=True)
+    await link.open(protocol.WEB_OPEN, {"port": 20001, "method": "GET", "path": "/"})
+    assert not link.via_layer and link.opened
+    opened = tunnel.forwarded[0]
+    assert opened["type"] == "device.stream_open" and opened["stream"] == link.stream
+    assert json.loads(opened["frame"])["params"] == {"port": 20001, "method": "GET", "path": "/", "binary": True,
+                                                     "stream": link.stream}
+    sink = tunnel.streams[link.stream]
+    assert not isinstance(sink, str) and hasattr(sink, "put")  # the consumer hands frames to it (_to_stream)
+
+    await link.data(0, b"up" * 1000)  # browser -> device: a binary data frame
+    await tunnel.wait_for(2)
+    assert protocol.parse_web_binary(tunnel.forwarded[1]["bytes"]) == (
+        protocol.WEB_BIN_DATA, link.stream, 0, b"up" * 1000)
+
+    body = bytes(range(256)) * (CHUNK // 256)
+    sink.put(stream_message(link.stream, protocol.WEB_RESPONSE, status=200, headers=[["a", "b"]]))
+    sink.put(stream_message(link.stream, protocol.WEB_DATA, seq=0, raw=body))
+    head, data = await receive(link), await receive(link)
+    assert head["frame"]["method"] == protocol.WEB_RESPONSE and head["frame"]["params"]["status"] == 200
+    assert data["frame"]["params"]["raw"] == body and data["stream"] == link.stream
+
+    # Text frames (a bridge without web.binary): a header larger than the dialler's read buffer; and a burst
+    # of small messages read together.
+    text = "QUJD" * (300 * 1024) + "QQ=="  # 921,601 bytes in base64
+    sink.put(stream_message(link.stream, protocol.WEB_DATA, seq=1, data=text))
+    for seq in range(2, 42):
+        sink.put(stream_message(link.stream, protocol.WEB_DATA, seq=seq, raw=b"%d" % seq))
+    assert (await receive(link))["frame"]["params"]["data"] == text
+    # Counted as the reader will return it (the decoded length, to the byte; small frames at their minimum).
+    assert sink.in_flight == CHUNK + 921_601 + 40 * (WINDOW // 64)
+    for seq in range(2, 42):
+        assert (await receive(link))["frame"]["params"] == {"seq": seq, "raw": b"%d" % seq, "stream": link.stream}
+    await link.frame(protocol.WEB_CREDIT, {"bytes": WINDOW})
+
+    # A second stream to the same process shares the connection.
+    other = relay.RelayLink(tunnel.channel_name, address, get_channel_layer(), binary=True)
+    await other.open(protocol.WEB_OPEN, {"port": 20001})
+    assert other.connection is link.connection and len(link.connection.links) == 2
+    await other.close(protocol.WEB_RESET_CANCELLED)
+    await tunnel.wait_for(6)
+    assert json.loads(tunnel.forwarded[4]["frame"])["params"]["reason"] == protocol.WEB_RESET_CANCELLED
+    assert tunnel.forwarded[5] == {"type": "device.stream_close", "stream": other.stream, "ack": False}
+
+    # The device's last word ends the stream on both sides (the consumer forgets it by itself).
+    sink.put(stream_message(link.stream, protocol.WEB_END))
+    assert (await receive(link))["frame"]["method"] == protocol.WEB_END
+    assert link.stream not in link.connection.links and not sink.served.streams
+
+
+async def test_the_relay_resets_a_device_that_sends_past_its_credit_and_keeps_one_that_does_not(tunnel):
+    link = relay.RelayLink(tunnel.channel_name, await relay.serve(), get_channel_layer(), binary=True)
+    await link.open(protocol.WEB_OPEN, {"port": 20001})
+    sink = tunnel.streams[link.stream]
+    chunk = b"x" * CHUNK
+    for seq in range(WINDOW // CHUNK):  # a whole window
+        sink.put(stream_message(link.stream, protocol.WEB_DATA, seq=seq, raw=chunk))
+    for _ in range(WINDOW // CHUNK):
+        assert (await receive(link))["frame"]["method"] == protocol.WEB_DATA
+    await link.frame(protocol.WEB_CREDIT, {"bytes": WINDOW})  # handed on: the credit passes the relay
+    await tunnel.wait_for(2)
+    assert sink.in_flight == 0
+    for seq in range(3 * WINDOW // CHUNK):  # then three windows without credit
+        sink.put(stream_message(link.stream, protocol.WEB_DATA, seq=seq, raw=chunk))
+    for _ in range(WINDOW // CHUNK + 1):  # a window and a chunk pass; what follows is never buffered
+        assert (await receive(link))["frame"]["method"] == protocol.WEB_DATA
+    reset = await receive(link)
+    assert reset["frame"]["method"] == protocol.WEB_RESET
+    assert reset["frame"]["params"]["reason"] == protocol.WEB_RESET_FLOW
+    await tunnel.wait_for(3)
+    assert json.loads(tunnel.forwarded[2]["frame"])["params"]["reason"] == protocol.WEB_RESET_FLOW  # the device too
+    assert link.stream not in tunnel.streams and not sink.served.streams
+    assert link.connection.transport.get_write_buffer_size() == 0
+
+
+async def handshake(address: str, *, tag: bytes | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    hello = await reader.readexactly(len(relay.MAGIC) + relay.NONCE_BYTES)
+    assert hello.startswith(relay.MAGIC)
+    good = relay._tag(b"dial", hello[len(relay.MAGIC):])
+    writer.write(relay.MAGIC + (good if tag is None else tag) + b"n" * relay.NONCE_BYTES)
+    return reader, writer
+
+
+async def closed_at_once(reader: asyncio.StreamReader) -> bool:
+    async with asyncio.timeout(3):
+        return await reader.read(1 << 16) == b""
+
+
+async def test_the_relay_closes_a_connection_with_a_bad_secret_or_garbage_at_once(tunnel, settings):
+    address = await relay.serve()
+    reader, writer = await handshake(address, tag=b"\0" * relay.TAG_BYTES)
+    assert await closed_at_once(reader)  # no answer, no message read
+    writer.close()
+
+    settings.SECRET_KEY = "another deployment's secret key, 50 characters long at least"
+    reader, writer = await handshake(address)  # a tag made with another key
+    settings.SECRET_KEY = settings.SECRET_KEY + "!"
+    assert await closed_at_once(reader)
+    writer.close()
+
+    host, port = address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 100)
+    assert (await reader.readexactly(len(relay.MAGIC) + relay.NONCE_BYTES)).startswith(relay.MAGIC)
+    assert await closed_at_once(reader)
+    writer.close()
+
+
+def framed(header: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack(">II", len(header), len(payload)) + header + payload
+
+
+@pytest.mark.parametrize("sent", [
+    struct.pack(">II", 0xFFFFFFFF, 0),  # 4 GiB announced: refused before reading (or allocating) any of it
+    struct.pack(">II", relay.MAX_MESSAGE_BYTES + 1, 0),
+    struct.pack(">II", 100, relay.MAX_MESSAGE_BYTES),  # header + payload past the bound
+    struct.pack(">II", 0, 0),
+    framed(b"\xc1\xc1\xc1"),  # not msgpack
+    framed(msgpack.packb([1])),  # not a map
+    framed(msgpack.packb({"type": "device.stream_open"})),  # no stream
+    framed(msgpack.packb({"type": "nonsense", "stream": "s"})),
+    framed(msgpack.packb({"type": "device.forward", "stream": "mine", "frame": "{}"}), b"xyz"),  # stray payload
+], ids=["4GiB", "max+1", "sum-past-max", "zero", "garbage", "list", "no-stream", "unknown-type", "stray-payload"])
+async def test_the_relay_closes_a_connection_that_breaks_the_framing(tunnel, sent):
+    address = await relay.serve()
+    reader, writer = await handshake(address)
+    await reader.readexactly(relay.TAG_BYTES)  # authenticated
+    link = relay.RelayLink(tunnel.channel_name, address, get_channel_layer(), binary=True)
+    await link.open(protocol.WEB_OPEN, {"port": 20001})  # another connection, unharmed below
+    writer.write(relay.pack({"type": "device.stream_open", "stream": "mine", "tunnel": tunnel.channel_name}))
+    answer = relay.pack({"type": relay.OPENED, "stream": "mine"})
+    assert await reader.readexactly(len(answer)) == answer
+    writer.write(sent)
+    await writer.drain()
+    assert await closed_at_once(reader)
+    writer.close()
+    await asyncio.sleep(0.05)
+    assert "mine" not in tunnel.streams  # the stream of the connection that broke is forgotten
+    assert json.loads(tunnel.forwarded[-1]["frame"])["params"]["reason"] == protocol.WEB_RESET_CANCELLED
+    assert link.stream in tunnel.streams and not link.connection.closed
+
+
+async def test_a_tunnel_not_held_there_falls_back_to_the_channel_layer(tunnel):
+    layer = get_channel_layer()
+    link = relay.RelayLink("relaytest.elsewhere", await relay.serve(), layer, binary=True)
+    await link.open(protocol.WEB_OPEN, {"port": 20001})
+    assert link.via_layer and link.opened and not tunnel.forwarded
+    sent = await asyncio.wait_for(layer.receive("relaytest.elsewhere"), 5)
+    assert sent["type"] == "device.stream_open" and sent["reply_channel"] == link.reply
+    assert json.loads(sent["frame"])["method"] == protocol.WEB_OPEN
+    await link.frame(protocol.WEB_CREDIT, {"bytes": 100})
+    assert (await asyncio.wait_for(layer.receive("relaytest.elsewhere"), 5))["type"] == "device.forward"
+    await layer.send(link.reply, stream_message(link.stream, protocol.WEB_END))
+    assert (await receive(link))["frame"]["method"] == protocol.WEB_END
+
+
+def dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_a_relay_that_cannot_be_reached_or_does_not_authenticate_falls_back_to_the_channel_layer(tunnel):
+    layer = get_channel_layer()
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(relay.MAGIC + b"n" * relay.NONCE_BYTES)  # looks like a relay, cannot answer the dialler
+        await reader.readexactly(len(relay.MAGIC) + relay.TAG_BYTES + relay.NONCE_BYTES)
+        writer.write(b"\0" * relay.TAG_BYTES)
+        await writer.drain()
+        await reader.read()
+
+    impostors = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    async with impostors:
+        for address in (f"127.0.0.1:{dead_port()}", f"127.0.0.1:{impostors.sockets[0].getsockname()[1]}",
+                        "not an address"):
+            link = relay.RelayLink(tunnel.channel_name, address, layer, binary=True)
+            await link.open(protocol.WEB_OPEN, {"port": 20001})
+            assert link.via_layer and link.opened, address
+            sent = await asyncio.wait_for(layer.receive(tunnel.channel_name), 5)
+            assert sent["type"] == "device.stream_open" and sent["stream"] == link.stream
+    assert not tunnel.forwarded  # nothing went to the impostor's "tunnel"
+
+
+async def test_a_relay_lost_after_the_open_ends_the_stream_as_the_tunnel_closing_would(tunnel):
+    link = relay.RelayLink(tunnel.channel_name, await relay.serve(), get_channel_layer(), binary=True)
+    await link.open(protocol.WEB_OPEN, {"port": 20001})
+    link.connection.transport.abort()  # the tunnel's process went away
+    assert (await receive(link))["type"] == "device.stream.closed"
+    with pytest.raises(streams.LinkLost):
+        await link.frame(protocol.WEB_CREDIT, {"bytes": 1})
+    assert relay._pools[asyncio.get_running_loop()] == {}  # the next stream dials again
