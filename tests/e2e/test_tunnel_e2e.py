@@ -153,12 +153,23 @@ def test_pair_connect_and_1000_items_applied_exactly_once_across_kills(tmp_path,
             listed = session.get("/api/devices").json()
             assert [(d["id"], d["online"]) for d in listed] == [(cred.device_id, True)]
 
-            # Enqueue from another thread while this one kills and restarts the bridge mid-stream.
+            # Enqueue from another thread while this one kills and restarts the bridge mid-stream. The producer
+            # runs at most AHEAD items past the next kill's threshold until that kill has happened: a stream that
+            # got faster than the kills would otherwise end before them, and the kills would test nothing.
+            thresholds, ahead = (100, 300, 500, 700, 900), 150
+            killed: list[threading.Event] = [threading.Event() for _ in thresholds]
             errors: list[BaseException] = []
 
             def produce() -> None:
                 try:
-                    enqueue(device, range(1, 1001))
+                    start = 1
+                    for threshold, kill in zip(thresholds, killed, strict=True):
+                        stop = min(threshold + ahead, 1000)
+                        enqueue(device, range(start, stop + 1))
+                        start = stop + 1
+                        if not kill.wait(120):
+                            raise TimeoutError(f"no kill at {threshold}")
+                    enqueue(device, range(start, 1001))
                 except BaseException as exc:  # noqa: BLE001 - reported below
                     errors.append(exc)
                 finally:
@@ -167,11 +178,12 @@ def test_pair_connect_and_1000_items_applied_exactly_once_across_kills(tmp_path,
             enqueuer = threading.Thread(target=produce)
             enqueuer.start()
             kills_mid_stream = 0
-            for threshold in (100, 300, 500, 700, 900):
+            for threshold, kill in zip(thresholds, killed, strict=True):
                 wait_until(lambda t=threshold: bridge.count() >= t, timeout=60,
                            message=f"{threshold} items applied (bridge log: {bridge.log()[-2000:]})")
                 bridge.kill()
                 kills_mid_stream += bridge.count() < 1000
+                kill.set()
                 bridge.start()
             enqueuer.join(60)
             assert not errors, errors
@@ -179,7 +191,7 @@ def test_pair_connect_and_1000_items_applied_exactly_once_across_kills(tmp_path,
             wait_until(lambda: device_of(cred).acked_seq == bridge.applied(), timeout=30,
                        message="the platform saw the acks")
             bridge.check_exactly_once_in_order(1000)
-            assert kills_mid_stream >= 3 and bridge.starts == 6
+            assert kills_mid_stream >= 4 and bridge.starts == 6
             assert bridge.process.alive
             assert device_of(cred).connection_count >= 1
     finally:
