@@ -18,6 +18,7 @@ from devices import events, rpc, services, signals
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
 from devices.models import Device, DeviceRequest, OutboxItem
 from tests.devices.tunnel_support import Device as FakeDevice
+from tests.devices.tunnel_support import listener_layer
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -96,7 +97,7 @@ async def test_token_in_the_url_is_not_accepted(paired):
 async def test_hello_makes_the_device_online_and_pushes_presence(paired, user, settings):
     settings.DEVICE_HEARTBEAT_SEC = 20
     device, token = paired
-    layer = get_channel_layer()
+    layer = listener_layer()  # its offline event comes as the tunnel's consumer closes
     page = await layer.new_channel()
     await layer.group_add(events.user_group(user.pk), page)
     seen = []
@@ -570,7 +571,7 @@ async def test_device_call_fails_fast_when_the_tunnel_drops(paired):
 async def test_stream_notifications_are_routed_to_the_opener(paired):
     device, token = paired
     dev, _ = await connected(token)
-    layer = get_channel_layer()
+    layer = listener_layer()  # the stream's close comes as the tunnel's consumer closes
     mine = await layer.new_channel()
     tunnel = (await sync_to_async(Device.objects.get)(pk=device.pk)).channel_name  # the live connection's
     await layer.send(tunnel, {"type": "device.stream_open", "stream": "s1", "reply_channel": mine})
