@@ -7,26 +7,10 @@ import json
 import uuid
 from typing import Any
 
-from channels.layers import BaseChannelLayer, channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
 
 from ai1net.asgi import application
 from clients import protocol
-
-
-def listener_layer() -> BaseChannelLayer:
-    """A channel layer for a test's own listening channel, beside the application's.
-
-    channels_redis receives every channel of one layer object through one blocking pop at a time. A
-    consumer that closes cancels its receive, and a message popped for another channel just then is
-    lost with the cancelled read. The design tolerates that (the layer is a doorbell), but a test that
-    waits for one message sent as a consumer closes cannot. So on Redis the test listens through a
-    layer object of its own, as another process would. The in-memory layer keeps messages in the
-    object, so there the listener must share it."""
-    layer = get_channel_layer()
-    from channels_redis.core import RedisChannelLayer
-
-    return channel_layers.make_backend("default") if isinstance(layer, RedisChannelLayer) else layer
 
 
 class Device:
