@@ -48,6 +48,34 @@ def insert(obj: models.Model) -> models.Model:
     return obj
 
 
+def insert_after(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
+    """``insert(obj)`` in the statement of ``gate``, a data-modifying statement with RETURNING, and only
+    when it returned a row: ``WITH gate AS (...) INSERT ... SELECT ... FROM gate``. A conditional write
+    and the row it entitles in one round trip. PostgreSQL only (SQLite has no data-modifying WITH), for
+    what ``insert`` writes in one statement; returns whether the row went in."""
+    model, meta = type(obj), obj._meta
+    connection = connections[router.db_for_write(model, instance=obj)]
+    assert connection.vendor == "postgresql", connection.vendor
+    assert meta.pk.get_default() is None and not signals.pre_save.has_listeners(model)
+    assert not signals.post_save.has_listeners(model)
+    fields = [field for field in meta.concrete_fields if not field.primary_key]
+    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    insert_sql = _insert_sql(connection, meta, fields)
+    head, returning = insert_sql.split(" VALUES ", 1)[0], insert_sql.rsplit(" RETURNING ", 1)[1]
+    # The INSERT's own text with its VALUES row selected from the gate: one row if the gate wrote one. Names
+    # from the model's _meta and the caller's statement, values as parameters.
+    statement = (f"WITH gate AS ({gate}) {head} SELECT {', '.join(['%s'] * len(fields))} FROM gate "  # noqa: S608
+                 f"RETURNING {returning}")
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [*gate_params, *values])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    obj.pk = meta.pk.to_python(row[0])
+    obj._state.adding, obj._state.db = False, connection.alias
+    return True
+
+
 @functools.cache
 def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...]) -> tuple[str, list[tuple[Any, list, Any]]]:
     qn, meta = connection.ops.quote_name, model._meta

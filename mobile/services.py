@@ -474,17 +474,25 @@ def _refusal(question: Question, nonce: str, now: datetime) -> ApplicationError:
     return cls(detail, code=code)
 
 
-def _burn(*, question_id: uuid.UUID, nonce_hash: str, now: datetime) -> bool:
-    """The nonce's one conditional UPDATE (pending, this nonce, not expired -> answered); its row count
-    names the single winner. Written out once: Django compiling this UPDATE cost more than running it."""
+def _burn(*, question_id: uuid.UUID, nonce_hash: str, now: datetime, answer: Answer) -> bool:
+    """The nonce's one conditional UPDATE (pending, this nonce, not expired -> answered); the row it
+    changed names the single winner, and only the winner's ``answer`` is written. Written out once:
+    Django compiling this UPDATE cost more than running it. On PostgreSQL the answer's INSERT rides in
+    the UPDATE's statement (``sql.insert_after``): one round trip fewer per answer."""
     conn = transaction.get_connection()
     meta = Question._meta
     stamp = meta.get_field("decided_at").get_db_prep_value(now, conn)
+    params = [Question.State.ANSWERED.value, stamp, meta.pk.get_db_prep_value(question_id, conn),
+              Question.State.PENDING.value, nonce_hash, stamp]
+    if conn.vendor == "postgresql":
+        return sql.insert_after(answer, f"{_burn_sql(conn.vendor)} RETURNING {conn.ops.quote_name(meta.pk.column)}",
+                                params)
     with conn.cursor() as cursor:
-        cursor.execute(_burn_sql(conn.vendor), [Question.State.ANSWERED.value, stamp,
-                                                meta.pk.get_db_prep_value(question_id, conn),
-                                                Question.State.PENDING.value, nonce_hash, stamp])
-        return cursor.rowcount == 1
+        cursor.execute(_burn_sql(conn.vendor), params)
+        won = cursor.rowcount == 1
+    if won:
+        sql.insert(answer)
+    return won
 
 
 @functools.cache
@@ -516,11 +524,11 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
     nonce = nonce if isinstance(nonce, str) else ""
     now = timezone.now()
     with transaction.atomic():
-        won = _burn(question_id=question.pk, nonce_hash=hash_secret(nonce), now=now)
+        won = _burn(question_id=question.pk, nonce_hash=hash_secret(nonce), now=now,
+                    answer=Answer(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free))
         if won:
             # The row as the UPDATE left it (it changed nothing else): no re-read.
             question.state, question.decided_at = Question.State.ANSWERED, now
-            sql.insert(Answer(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free))
             # The bridge's item first: its doorbell is the first to leave after commit.
             outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
                 "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),

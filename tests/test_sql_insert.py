@@ -53,3 +53,26 @@ def test_a_model_with_save_receivers_keeps_save(bridge, mobile_user):
     finally:
         signals.post_save.disconnect(dispatch_uid="test-sql-insert", sender=Answer)
     assert seen == [(answer.pk, True)]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a data-modifying WITH: PostgreSQL's")
+def test_insert_after_writes_the_row_only_when_its_gate_wrote_one_in_the_same_statement(bridge, mobile_user):
+    from mobile.models import Question
+
+    question, _ = ask(bridge)
+    qn = connection.ops.quote_name
+    gate = (f"UPDATE {qn(Question._meta.db_table)} SET {qn('state')} = %s "  # noqa: S608 - names from _meta
+            f"WHERE {qn('id')} = %s AND {qn('state')} = %s RETURNING {qn('id')}")
+    params = [Question.State.ANSWERED.value, question.pk, Question.State.PENDING.value]
+    with CaptureQueriesContext(connection) as queries:
+        first = Answer(question=question, actor=mobile_user, via=Answer.Via.PHONE, answers={"a": ["b"]})
+        assert sql.insert_after(first, gate, params) is True
+    assert len(queries) == 1 and first.pk and not first._state.adding
+    stored = Answer.objects.get(pk=first.pk)
+    assert (stored.question_id, stored.actor_id, stored.answers, stored.other) == (question.pk, mobile_user.pk,
+                                                                                   {"a": ["b"]}, {})
+    assert stored.created_at == first.created_at
+    assert Question.objects.get(pk=question.pk).state == Question.State.ANSWERED
+    second = Answer(question=question, actor=mobile_user, via=Answer.Via.PHONE, answers={})
+    assert sql.insert_after(second, gate, params) is False  # the gate changed no row: nothing written
+    assert second.pk is None and Answer.objects.filter(question=question).count() == 1
