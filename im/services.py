@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -95,28 +96,61 @@ def _next_seq(room_id: Any) -> int:
     return Room.objects.values_list("next_seq", flat=True).get(pk=room_id) - 1
 
 
-_POST_SQL: dict[str, str] = {}
+_POST_SQL: dict[tuple[str, bool], str] = {}  # (vendor, with a panel's state) -> the statement
 _POST_FIELDS = ("room", "author_user", "author_device", "kind", "body", "created_at")
+_PANEL_RETURNED = ("room_id", "message_id", "kind", "spec", "ref_id", "created_at")
 
 
-def _insert_with_seq_postgresql(conn: Any, message: Message) -> None:
+def _panel_state_sql(conn: Any) -> str:
+    meta, qn = Panel._meta, conn.ops.quote_name
+    # Names from the model's _meta, values as parameters.
+    return (f"UPDATE {qn(meta.db_table)} SET {qn('state')} = %s, {qn('updated_at')} = %s "  # noqa: S608
+            f"WHERE {qn(meta.pk.column)} = %s "
+            f"RETURNING {', '.join(qn(meta.get_field(n).column) for n in _PANEL_RETURNED)}")
+
+
+def _panel_state_params(conn: Any, panel_id: int, state: str, now: datetime) -> list[Any]:
+    return [state, Panel._meta.get_field("updated_at").get_db_prep_value(now, conn), panel_id]
+
+
+def _panel_from_row(conn: Any, panel_id: int, state: str, now: datetime, row: tuple) -> Panel:
+    """The panel whose state was set, from the columns its UPDATE returned (as the ORM converts them)."""
+    meta, values = Panel._meta, {}
+    for name, value in zip(_PANEL_RETURNED, row, strict=True):
+        column = meta.get_field(name).get_col(meta.db_table)
+        for converter in conn.ops.get_db_converters(column) + column.get_db_converters(conn):
+            value = converter(value, column, conn)
+        values[column.target.attname] = value
+    return Panel(pk=panel_id, state=state, updated_at=now, **values)
+
+
+def _insert_with_seq_postgresql(conn: Any, message: Message, panel_state: tuple[int, str] | None) -> Panel | None:
     """``_next_seq`` and the message's INSERT as one PostgreSQL statement (a data-modifying CTE): one round
-    trip fewer on every question and answer. The room row's lock is taken as before; no room, no row."""
-    sql = _POST_SQL.get(conn.vendor)
+    trip fewer on every question and answer. The room row's lock is taken as before; no room, no row.
+    With ``panel_state`` the panel's UPDATE rides along too; returns that panel (None: no such panel)."""
+    key = (conn.vendor, panel_state is not None)
+    sql = _POST_SQL.get(key)
     room, meta, quote = Room._meta, Message._meta, conn.ops.quote_name
     fields = [meta.get_field(name) for name in _POST_FIELDS]
     if sql is None:
         next_seq = quote(room.get_field("next_seq").column)
         columns = ", ".join(quote(field.column) for field in fields)
         # Names from the models' _meta, values as parameters.
-        sql = _POST_SQL[conn.vendor] = (
-            f"WITH r AS (UPDATE {quote(room.db_table)} SET {next_seq} = {next_seq} + 1"  # noqa: S608
-            f" WHERE {quote(room.pk.column)} = %s RETURNING {next_seq} - 1 AS seq)"
-            f" INSERT INTO {quote(meta.db_table)} ({columns}, {quote(meta.get_field('seq').column)})"
-            f" SELECT {', '.join(['%s'] * len(fields))}, r.seq FROM r RETURNING {quote(meta.pk.column)}, "
-            f"{quote(meta.get_field('seq').column)}")
+        post = (f"WITH r AS (UPDATE {quote(room.db_table)} SET {next_seq} = {next_seq} + 1"  # noqa: S608
+                f" WHERE {quote(room.pk.column)} = %s RETURNING {next_seq} - 1 AS seq)"
+                f" INSERT INTO {quote(meta.db_table)} ({columns}, {quote(meta.get_field('seq').column)})"
+                f" SELECT {', '.join(['%s'] * len(fields))}, r.seq FROM r RETURNING {quote(meta.pk.column)}, "
+                f"{quote(meta.get_field('seq').column)}")
+        if panel_state is not None:  # the INSERT as a CTE too: only a SELECT can return both rows
+            head, insert = post.split(" INSERT INTO ", 1)
+            post = (f"{head}, m AS (INSERT INTO {insert}), p AS ({_panel_state_sql(conn)}) "  # noqa: S608
+                    f"SELECT m.*, p.* FROM m LEFT JOIN p ON true")
+        sql = _POST_SQL[key] = post
     params = [room.pk.get_db_prep_value(message.room_id, conn)]
     params += [field.get_db_prep_save(getattr(message, field.attname), conn) for field in fields]
+    now = timezone.now()
+    if panel_state is not None:
+        params += _panel_state_params(conn, panel_state[0], panel_state[1], now)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -124,28 +158,40 @@ def _insert_with_seq_postgresql(conn: Any, message: Message) -> None:
         raise NotFound("No such room.")
     message.pk, message.seq = row[0], int(row[1])
     message._state.adding, message._state.db = False, conn.alias
+    if panel_state is None or row[2] is None:  # (a panel's room_id is never null: null is no panel)
+        return None
+    return _panel_from_row(conn, panel_state[0], panel_state[1], now, row[2:])
 
 
 def message_post(*, room: Room | None = None, room_id: Any = None, author_user: Any = None,
-                 author_device: Any = None, kind: str, body: dict) -> Message:
+                 author_device: Any = None, kind: str, body: dict,
+                 panel_state: tuple[int, str] | None = None) -> Message:
     """Append a message to ``room`` (or the room ``room_id``, unread); its seq comes from one UPDATE on
-    the room row. Two statements, no savepoint: a failure fails the caller's transaction."""
+    the room row. Two statements, no savepoint: a failure fails the caller's transaction (one statement
+    on PostgreSQL). ``panel_state``: (panel id, state) to set in the same write, as
+    ``panel_state_set_by_id`` sets it; on PostgreSQL in the same statement."""
     if kind not in Message.Kind.values:
         raise ValidationFailed(f"Unknown message kind {kind!r}.")
     if author_user is not None and author_device is not None:
         raise ValidationFailed("A message has one author.")
     room_id = room.pk if room is not None else room_id
+    panel = None
     with transaction.atomic(savepoint=False):
         conn = transaction.get_connection()
         if conn.vendor == "postgresql":
             message = Message(room_id=room_id, author_user=author_user, author_device=author_device, kind=kind,
                               body=body, created_at=timezone.now())
-            _insert_with_seq_postgresql(conn, message)
+            panel = _insert_with_seq_postgresql(conn, message, panel_state)
         else:
             seq = _next_seq(room_id)
             message = sql.insert(Message(room_id=room_id, seq=seq, author_user=author_user,
                                          author_device=author_device, kind=kind, body=body))
     events.message_created(message)
+    if conn.vendor == "postgresql":
+        if panel is not None:
+            events.panel_updated(panel)
+    elif panel_state is not None:
+        panel_state_set_by_id(panel_id=panel_state[0], state=panel_state[1])
     return message
 
 
@@ -184,24 +230,13 @@ def panel_state_set_by_id(*, panel_id: int, state: str, spec_update: dict | None
     if spec_update or not conn.features.can_return_columns_from_insert:
         panel = Panel.objects.filter(pk=panel_id).first()
         return panel_state_set(panel=panel, state=state, spec_update=spec_update) if panel is not None else None
-    meta, qn = Panel._meta, conn.ops.quote_name
-    returned = ("room_id", "message_id", "kind", "spec", "ref_id", "created_at")
-    # Names from the model's _meta, values as parameters.
-    sql = (f"UPDATE {qn(meta.db_table)} SET {qn('state')} = %s, {qn('updated_at')} = %s "  # noqa: S608
-           f"WHERE {qn(meta.pk.column)} = %s RETURNING {', '.join(qn(meta.get_field(n).column) for n in returned)}")
     now = timezone.now()
-    columns = [meta.get_field(name).get_col(meta.db_table) for name in returned]
     with conn.cursor() as cursor:
-        cursor.execute(sql, [state, meta.get_field("updated_at").get_db_prep_value(now, conn), panel_id])
+        cursor.execute(_panel_state_sql(conn), _panel_state_params(conn, panel_id, state, now))
         row = cursor.fetchone()
     if row is None:
         return None
-    values = {}
-    for column, value in zip(columns, row, strict=True):  # as the ORM converts what it reads
-        for converter in conn.ops.get_db_converters(column) + column.get_db_converters(conn):
-            value = converter(value, column, conn)
-        values[column.target.attname] = value
-    panel = Panel(pk=panel_id, state=state, updated_at=now, **values)
+    panel = _panel_from_row(conn, panel_id, state, now, row)
     events.panel_updated(panel)
     return panel
 

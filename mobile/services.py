@@ -534,10 +534,14 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
                 "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
                 **bound,
             })
+            # The panel follows in the message's write (one statement on PostgreSQL) unless its spec changes too.
+            in_message = bool(question.panel_id) and not question.state_reason
             im_services.message_post(room_id=question.room_id, author_user=actor, kind=Message.Kind.ANSWER,
                                      body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
-                                           "other": free})
-            _panel_follow(question)
+                                           "other": free},
+                                     panel_state=(question.panel_id, question.state) if in_message else None)
+            if not in_message:
+                _panel_follow(question)
             # Last before the commit: the audit chain's lock is held from here to the commit.
             _audit(actor=actor, action="mobile.answer", question=question, subject=actor, ip=ip,
                    data={"answers": chosen, "other": free, **bound})

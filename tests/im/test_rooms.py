@@ -177,3 +177,31 @@ def test_a_posted_message_is_the_row_stored(room, user):
     room.delete()
     with pytest.raises(NotFound):
         services.message_post(room_id=room_id, kind=Message.Kind.EVENT, body={})
+
+
+@pytest.mark.django_db
+def test_a_message_posted_with_a_panel_state_sets_it_in_the_same_write(room, user, monkeypatch,
+                                                                        django_assert_num_queries):
+    """What an answer does: its room message and its panel's new state (one statement on PostgreSQL), the
+    events in the order the two calls gave them, and the panel the event carries as stored."""
+    from django.db import connection
+
+    first = services.message_post(room_id=room.pk, author_user=user, kind="text", body={"text": "q"})
+    panel = services.panel_create(room_id=room.pk, message=first, kind="mobile.question", ref_id="q1",
+                                  spec={"question_id": "q1"}, state="pending")
+    seen = []
+    monkeypatch.setattr(events, "message_created", lambda message: seen.append(("message", message.seq)))
+    monkeypatch.setattr(events, "panel_updated", lambda panel: seen.append(("panel", events.panel_data(panel))))
+    with django_assert_num_queries(1 if connection.vendor == "postgresql" else 3):
+        message = services.message_post(room_id=room.pk, author_user=user, kind="answer", body={"a": 1},
+                                        panel_state=(panel.pk, "answered"))
+    stored = Panel.objects.get(pk=panel.pk)
+    assert message.seq == 2 and Message.objects.get(pk=message.pk).body == {"a": 1}
+    assert stored.state == "answered" and stored.spec == {"question_id": "q1"}
+    assert seen == [("message", 2), ("panel", events.panel_data(stored))]
+    seen.clear()
+    services.message_post(room_id=room.pk, kind="event", body={}, panel_state=(panel.pk + 1000, "answered"))
+    assert seen == [("message", 3)]  # no such panel: the message alone, no panel event
+    with pytest.raises(NotFound):
+        services.message_post(room_id=room.pk.__class__(int=0), kind="event", body={},
+                              panel_state=(panel.pk, "expired"))
