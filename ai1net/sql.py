@@ -35,8 +35,7 @@ def insert(obj: models.Model) -> models.Model:
     model, meta = type(obj), obj._meta
     alias = router.db_for_write(model, instance=obj)
     connection = connections[alias]
-    if (not connection.features.can_return_columns_from_insert or meta.pk.get_default() is not None
-            or signals.pre_save.has_listeners(model) or signals.post_save.has_listeners(model)):
+    if not connection.features.can_return_columns_from_insert or not written_in_one(model):
         obj.save(force_insert=True, using=alias)
         return obj
     fields = [field for field in meta.concrete_fields if not field.primary_key]
@@ -48,16 +47,21 @@ def insert(obj: models.Model) -> models.Model:
     return obj
 
 
+def written_in_one(model: type[models.Model]) -> bool:
+    """Whether ``insert`` writes a row of ``model`` itself: the database assigns its key, and nothing
+    listens to its saves (those keep ``save()``)."""
+    return (model._meta.pk.get_default() is None and not signals.pre_save.has_listeners(model)
+            and not signals.post_save.has_listeners(model))
+
+
 def insert_after(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
     """``insert(obj)`` in the statement of ``gate``, a data-modifying statement with RETURNING, and only
     when it returned a row: ``WITH gate AS (...) INSERT ... SELECT ... FROM gate``. A conditional write
     and the row it entitles in one round trip. PostgreSQL only (SQLite has no data-modifying WITH), for
-    what ``insert`` writes in one statement; returns whether the row went in."""
+    a model ``written_in_one``; returns whether the row went in."""
     model, meta = type(obj), obj._meta
     connection = connections[router.db_for_write(model, instance=obj)]
-    assert connection.vendor == "postgresql", connection.vendor
-    assert meta.pk.get_default() is None and not signals.pre_save.has_listeners(model)
-    assert not signals.post_save.has_listeners(model)
+    assert connection.vendor == "postgresql" and written_in_one(model), (connection.vendor, model)
     fields = [field for field in meta.concrete_fields if not field.primary_key]
     values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
     insert_sql = _insert_sql(connection, meta, fields)

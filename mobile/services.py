@@ -484,7 +484,7 @@ def _burn(*, question_id: uuid.UUID, nonce_hash: str, now: datetime, answer: Ans
     stamp = meta.get_field("decided_at").get_db_prep_value(now, conn)
     params = [Question.State.ANSWERED.value, stamp, meta.pk.get_db_prep_value(question_id, conn),
               Question.State.PENDING.value, nonce_hash, stamp]
-    if conn.vendor == "postgresql":
+    if conn.vendor == "postgresql" and sql.written_in_one(Answer):
         return sql.insert_after(answer, f"{_burn_sql(conn.vendor)} RETURNING {conn.ops.quote_name(meta.pk.column)}",
                                 params)
     with conn.cursor() as cursor:

@@ -76,3 +76,22 @@ def test_insert_after_writes_the_row_only_when_its_gate_wrote_one_in_the_same_st
     second = Answer(question=question, actor=mobile_user, via=Answer.Via.PHONE, answers={})
     assert sql.insert_after(second, gate, params) is False  # the gate changed no row: nothing written
     assert second.pk is None and Answer.objects.filter(question=question).count() == 1
+
+
+def test_an_answer_with_save_receivers_is_still_written_by_its_burn_s_winner(phone, bridge):
+    """With something listening to Answer's saves, the answer goes through save() after the burn, on
+    either database: the one-statement form is only for rows nothing listens to."""
+    from tests.mobile.test_answer import answer
+
+    question, nonce = ask(bridge)
+    saved = []
+    signals.post_save.connect(lambda sender, instance, created, **kw: saved.append(instance.question_id),
+                              sender=Answer, dispatch_uid="test-burn-receivers", weak=False)
+    try:
+        assert not sql.written_in_one(Answer)
+        assert answer(phone, question, nonce).status_code == 200
+        assert answer(phone, question, nonce).status_code == 409  # the burn still decides
+    finally:
+        signals.post_save.disconnect(dispatch_uid="test-burn-receivers", sender=Answer)
+    assert saved == [question.pk] and Answer.objects.filter(question=question).count() == 1
+    assert sql.written_in_one(Answer)
