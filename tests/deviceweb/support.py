@@ -8,7 +8,7 @@ import os
 import random
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,12 @@ from tests.e2e_support import Daphne, Process, wait_until
 HERE = Path(__file__).resolve().parent
 
 
-def web_port() -> int:
-    """A free loopback port in the range device web may expose (20000-20999)."""
+def web_port(avoid: Collection[int] = ()) -> int:
+    """A free loopback port in the range device web may expose (20000-20999), none of ``avoid``."""
     for _ in range(200):
         port = random.randint(20000, 20999)  # noqa: S311 - picking a test port
+        if port in avoid:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -45,10 +47,17 @@ class Upstream(Process):
     """tests/deviceweb/upstream.py on 127.0.0.1: HTTP on ``port``, a WebSocket echo on ``ws_port``."""
 
     def __init__(self, logs: Path, name: str = "upstream") -> None:
-        self.port, self.ws_port = web_port(), web_port()
-        super().__init__([sys.executable, str(HERE / "upstream.py"), str(self.port), str(self.ws_port)],
-                         logs / f"{name}.log", env=client_env())
-        wait_until(lambda: "ready" in self.log() or not self.alive, timeout=20, message="the upstream service")
+        # A port found free can be taken before the service binds it (other workers pick in the same
+        # range): then it starts again on other ports.
+        for attempt in range(5):
+            self.port = web_port()
+            self.ws_port = web_port(avoid={self.port})
+            super().__init__([sys.executable, str(HERE / "upstream.py"), str(self.port), str(self.ws_port)],
+                             logs / f"{name}-{attempt}.log", env=client_env())
+            wait_until(lambda: "ready" in self.log() or not self.alive, timeout=20, message="the upstream service")
+            if self.alive or "address already in use" not in self.log():
+                break
+            self.stop()
         assert self.alive, self.log()
 
     @property

@@ -70,7 +70,8 @@ async def listener(port: int, seen: list) -> asyncio.AbstractServer:
 
 @pytest.mark.e2e
 async def test_a_real_bridge_refuses_an_undeclared_port_even_when_the_platform_asks(tmp_path):
-    exposed, other = web_port(), web_port()
+    exposed = web_port()
+    other = web_port(avoid={exposed})
     seen: list[int] = []
     servers = [await listener(exposed, seen), await listener(other, seen)]
     platform = TrickedPlatform()
