@@ -28,6 +28,13 @@ def _insert_sql(connection: Any, meta: Any, fields: list[Any]) -> str:
     return sql
 
 
+def _prepared(obj: models.Model, connection: Any) -> tuple[list[Any], list[Any]]:
+    """The columns an INSERT of ``obj`` writes and their values, prepared as ``save()`` prepares them
+    (``pre_save``, e.g. ``auto_now_add``; ``get_db_prep_save``)."""
+    fields = [field for field in obj._meta.concrete_fields if not field.primary_key]
+    return fields, [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+
+
 def insert(obj: models.Model) -> models.Model:
     """``obj.save(force_insert=True)`` for a new row whose primary key the database assigns, in one
     statement: the same field preparation (``pre_save``, e.g. ``auto_now_add``; ``get_db_prep_save``).
@@ -38,8 +45,7 @@ def insert(obj: models.Model) -> models.Model:
     if not connection.features.can_return_columns_from_insert or not written_in_one(model):
         obj.save(force_insert=True, using=alias)
         return obj
-    fields = [field for field in meta.concrete_fields if not field.primary_key]
-    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    fields, values = _prepared(obj, connection)
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(connection, meta, fields), values)
         obj.pk = meta.pk.to_python(cursor.fetchone()[0])
@@ -54,22 +60,27 @@ def written_in_one(model: type[models.Model]) -> bool:
             and not signals.post_save.has_listeners(model))
 
 
-def insert_after(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
-    """``insert(obj)`` in the statement of ``gate``, a data-modifying statement with RETURNING, and only
-    when it returned a row: ``WITH gate AS (...) INSERT ... SELECT ... FROM gate``. A conditional write
-    and the row it entitles in one round trip. PostgreSQL only (SQLite has no data-modifying WITH), for
-    a model ``written_in_one``; returns whether the row went in."""
+def insert_if(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
+    """Run ``gate``, a conditional write, and ``insert(obj)`` only when it wrote a row; returns whether
+    it did. On PostgreSQL, for a model ``written_in_one``, both are one statement and one round trip:
+    ``WITH gate AS (... RETURNING 1) INSERT ... SELECT ... FROM gate``. Elsewhere (SQLite has no
+    data-modifying WITH) the gate's row count decides, then ``insert``."""
     model, meta = type(obj), obj._meta
     connection = connections[router.db_for_write(model, instance=obj)]
-    assert connection.vendor == "postgresql" and written_in_one(model), (connection.vendor, model)
-    fields = [field for field in meta.concrete_fields if not field.primary_key]
-    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    if connection.vendor != "postgresql" or not written_in_one(model):
+        with connection.cursor() as cursor:
+            cursor.execute(gate, gate_params)
+            wrote = cursor.rowcount > 0
+        if wrote:
+            insert(obj)
+        return wrote
+    fields, values = _prepared(obj, connection)
     insert_sql = _insert_sql(connection, meta, fields)
     head, returning = insert_sql.split(" VALUES ", 1)[0], insert_sql.rsplit(" RETURNING ", 1)[1]
     # The INSERT's own text with its VALUES row selected from the gate: one row if the gate wrote one. Names
     # from the model's _meta and the caller's statement, values as parameters.
-    statement = (f"WITH gate AS ({gate}) {head} SELECT {', '.join(['%s'] * len(fields))} FROM gate "  # noqa: S608
-                 f"RETURNING {returning}")
+    statement = (f"WITH gate AS ({gate} RETURNING 1) {head} SELECT {', '.join(['%s'] * len(fields))} "  # noqa: S608
+                 f"FROM gate RETURNING {returning}")
     with connection.cursor() as cursor:
         cursor.execute(statement, [*gate_params, *values])
         row = cursor.fetchone()

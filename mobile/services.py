@@ -476,23 +476,14 @@ def _refusal(question: Question, nonce: str, now: datetime) -> ApplicationError:
 
 def _burn(*, question_id: uuid.UUID, nonce_hash: str, now: datetime, answer: Answer) -> bool:
     """The nonce's one conditional UPDATE (pending, this nonce, not expired -> answered); the row it
-    changed names the single winner, and only the winner's ``answer`` is written. Written out once:
-    Django compiling this UPDATE cost more than running it. On PostgreSQL the answer's INSERT rides in
-    the UPDATE's statement (``sql.insert_after``): one round trip fewer per answer."""
+    changed names the single winner, and only the winner's ``answer`` is written (in the same statement on
+    PostgreSQL: ``sql.insert_if``). Written out once: Django compiling this UPDATE cost more than running it."""
     conn = transaction.get_connection()
     meta = Question._meta
     stamp = meta.get_field("decided_at").get_db_prep_value(now, conn)
-    params = [Question.State.ANSWERED.value, stamp, meta.pk.get_db_prep_value(question_id, conn),
-              Question.State.PENDING.value, nonce_hash, stamp]
-    if conn.vendor == "postgresql" and sql.written_in_one(Answer):
-        return sql.insert_after(answer, f"{_burn_sql(conn.vendor)} RETURNING {conn.ops.quote_name(meta.pk.column)}",
-                                params)
-    with conn.cursor() as cursor:
-        cursor.execute(_burn_sql(conn.vendor), params)
-        won = cursor.rowcount == 1
-    if won:
-        sql.insert(answer)
-    return won
+    return sql.insert_if(answer, _burn_sql(conn.vendor), [
+        Question.State.ANSWERED.value, stamp, meta.pk.get_db_prep_value(question_id, conn),
+        Question.State.PENDING.value, nonce_hash, stamp])
 
 
 @functools.cache
@@ -534,14 +525,12 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
                 "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
                 **bound,
             })
-            # The panel follows in the message's write (one statement on PostgreSQL) unless its spec changes too.
-            in_message = bool(question.panel_id) and not question.state_reason
+            # The panel follows in the message's write (one statement on PostgreSQL). An answered question has
+            # no state_reason (only a question leaving pending otherwise gets one): the spec stays as it is.
             im_services.message_post(room_id=question.room_id, author_user=actor, kind=Message.Kind.ANSWER,
                                      body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
                                            "other": free},
-                                     panel_state=(question.panel_id, question.state) if in_message else None)
-            if not in_message:
-                _panel_follow(question)
+                                     panel_state=(question.panel_id, question.state) if question.panel_id else None)
             # Last before the commit: the audit chain's lock is held from here to the commit.
             _audit(actor=actor, action="mobile.answer", question=question, subject=actor, ip=ip,
                    data={"answers": chosen, "other": free, **bound})
