@@ -142,7 +142,10 @@ class LoopCalls:
         with self._lock:
             abandoned, self._state = self._state == "abandoned", "done"
         if abandoned:
-            self._hand_all()
+            try:
+                self.loop.call_soon_threadsafe(self.run)  # the lot in one wake-up, in their order
+            except RuntimeError:  # the loop closed: nothing runs there any more (doorbells only)
+                pass
 
     def run(self) -> None:
         """In the loop, once the thread's result is in."""
@@ -159,14 +162,6 @@ class LoopCalls:
             done, self._state = self._state == "done", "abandoned"
         if done:
             self.run()
-
-    def _hand_all(self) -> None:
-        calls, self.calls = self.calls, []
-        for callback, args in calls:
-            try:
-                self.loop.call_soon_threadsafe(callback, *args)
-            except RuntimeError:  # the loop closed: nothing runs there any more (doorbells only)
-                return
 
 
 _local = threading.local()
