@@ -54,7 +54,9 @@ class Upstream(Process):
             self.ws_port = web_port(avoid={self.port})
             super().__init__([sys.executable, str(HERE / "upstream.py"), str(self.port), str(self.ws_port)],
                              logs / f"{name}-{attempt}.log", env=client_env())
-            wait_until(lambda: "ready" in self.log() or not self.alive, timeout=20, message="the upstream service")
+            # Its own "ready" line: "ready" alone is also in the "address already in use" of a failed start.
+            wait_until(lambda: "ready" in self.log().splitlines() or not self.alive, timeout=20,
+                       message="the upstream service")
             if self.alive or "address already in use" not in self.log():
                 break
             self.stop()
