@@ -128,9 +128,12 @@
   function render() {
     var ids = Object.keys(sessions);
     ids.sort(function (a, b) { return waiting(b) - waiting(a); });
-    ids.forEach(function (sid) {
+    ids.forEach(function (sid, i) {
       var card = sessionCard(sessions[sid]);
-      $sessions.appendChild(card);  // (re)appending keeps the order: waiting sessions first
+      // Waiting sessions first. A card moves only when it is out of place: moving a node blurs the text
+      // being typed in it and drops a tap between its press and its release.
+      var here = $sessions.children[i] || null;
+      if (here !== card) $sessions.insertBefore(card, here);
     });
     Object.keys(questions).forEach(function (id) { questionCard(questions[id]); });
     $empty.hidden = ids.length > 0;

@@ -126,3 +126,30 @@ def test_a_message_that_cannot_reach_the_platform_says_so_and_can_be_sent_again(
         send.click()  # the same text, now through
         wait_for_line(card, "lost", server)
     assert list(PhoneMessage.objects.values_list("text", flat=True)) == ["lost"]
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_a_card_update_leaves_the_message_being_typed_and_a_tap_under_way_alone(tmp_path, client, bridge,
+                                                                                 mobile_user):
+    # An event re-renders the session cards. Moving a card that is already in place blurred the text being
+    # typed (a phone closes its keyboard) and, between a tap's press and release, lost the tap: CI saw the
+    # first Send after the page's socket snapshot do nothing.
+    with session_card(tmp_path, client, bridge, mobile_user) as (page, card, server):
+        page.locator('[data-testid="live-state"]', has_text="live").wait_for(timeout=15_000)
+        text = card.locator('[data-testid="message-text"]')
+        text.fill("half a thought")
+        text.focus()
+        status = page.evaluate("""() => fetch('/api/mobile/sessions/sess-1/keep_going', {
+            method: 'POST', credentials: 'same-origin',
+            headers: {'Content-Type': 'application/json', 'Accept': 'application/json',
+                      'X-CSRFToken': document.cookie.match(/csrftoken=([^;]+)/)[1]},
+            body: JSON.stringify({enabled: true})}).then(r => r.status)""")
+        assert status == 200
+        # The switch shows the session's update: the page has rendered the event.
+        page.wait_for_function(
+            "() => document.querySelector('[data-session-id=\"sess-1\"] [data-testid=keep-going]').checked",
+            timeout=15_000)
+        assert page.evaluate("() => document.activeElement.getAttribute('data-testid')") == "message-text"
+        assert text.input_value() == "half a thought"
