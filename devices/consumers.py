@@ -40,12 +40,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import functools
 import logging
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from channels.db import DatabaseSyncToAsync, database_sync_to_async
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
@@ -53,6 +53,7 @@ from django.utils import timezone
 
 from ai1net import realtime
 from ai1net.consumers import LoopDispatch
+from ai1net.db_threads import DatabaseThreads, default_count
 from ai1net.exceptions import ApplicationError, RateLimited, ValidationFailed
 from ai1net.limits import enforce_storable
 from clients import limits, protocol
@@ -89,17 +90,15 @@ def local_tunnel(channel_name: str) -> DeviceConsumer | None:
 
 # The tunnel's own ORM calls (token lookup, hello, presence, the heartbeat sweep, the signals) are
 # self-contained, one transaction each, and touch no thread-local state across calls: they run in a
-# small pool of their own instead of queueing on Django's single thread-sensitive thread with every
-# other consumer and view. Each pool thread keeps its own database connection (SQLite; a Postgres
-# pool slot while in use). On SQLite one thread: it takes one writer at a time anyway, and more threads only
-# traded the GIL between them (a tunnel connect cost 2.6-3.5 ms of daphne CPU with one, 3.6-3.9 with four,
-# in three interleaved rounds of bench/tunnel.py); PostgreSQL answers several at once.
-TUNNEL_DB_THREADS = 1 if "sqlite" in settings.DATABASES["default"]["ENGINE"] else 4
-_tunnel_db_pool = ThreadPoolExecutor(max_workers=TUNNEL_DB_THREADS, thread_name_prefix="tunnel-db")
+# few threads of their own (ai1net.db_threads) instead of queueing on Django's single thread-sensitive
+# thread with every other consumer and view. Each thread keeps its own database connection (SQLite; a
+# Postgres pool slot while in use). The hop itself is cheaper than Channels' own: a reconnect storm has 50
+# of them in flight.
+_tunnel_db = DatabaseThreads(default_count(), "tunnel-db")
 
 
 def _db(func: Any) -> Any:
-    return DatabaseSyncToAsync(func, thread_sensitive=False, executor=_tunnel_db_pool)
+    return functools.partial(_tunnel_db.call, func)
 
 
 def _bearer(scope: dict[str, Any]) -> str:

@@ -39,11 +39,17 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from ai1net import hosts
 from ai1net.accounts.models import BackupCode, BackupCodeDevice, User
 from ai1net.accounts.selectors import device_web_active, otp_session_ok
+from ai1net.db_threads import DatabaseThreads, default_count
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
 from devices.errors import DeviceOffline
 from devices.models import Device, is_tunnel_channel
 from devices.selectors import access_device
+
+# The gates' trip to the database is self-contained (the session, the user, the device): it runs in
+# threads of its own rather than on Django's one thread-sensitive thread, with a cheaper hop
+# (ai1net.db_threads). Every device-web request and socket makes it before its first byte.
+gate_threads = DatabaseThreads(default_count(), "device-web-db")
 
 
 class DeviceWebOff(Unavailable):

@@ -23,7 +23,6 @@ import functools
 import logging
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.sessions import SessionMiddlewareStack
 from django.conf import settings
 from django.contrib import auth
@@ -33,7 +32,7 @@ from ai1net.exceptions import ApplicationError, PayloadTooLarge
 from clients import protocol
 from devices.errors import DeviceOffline, DeviceTimeout
 from devices.web import streams
-from devices.web.gates import check_device_web, device_web_fast
+from devices.web.gates import check_device_web, device_web_fast, gate_threads
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +116,7 @@ class DeviceWebHttp:
         kwargs = scope.get("url_route", {}).get("kwargs", {})
         device_id, port = kwargs.get("device_id"), kwargs.get("port")
         try:
-            device = await database_sync_to_async(_gates)(scope, device_id, port)
+            device = await gate_threads.call(_gates, scope, device_id, port)
             length = streams.header_value(scope, b"content-length")
             if length.isdigit() and int(length) > settings.DEVICE_WEB_MAX_REQUEST_BYTES:
                 raise PayloadTooLarge(f"Request bodies through device web are capped at "

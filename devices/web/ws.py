@@ -16,7 +16,6 @@ import collections
 import logging
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -24,7 +23,7 @@ from ai1net.consumers import LoopDispatch
 from ai1net.exceptions import ApplicationError
 from clients import protocol
 from devices.web import streams
-from devices.web.gates import check_device_web
+from devices.web.gates import check_device_web, gate_threads
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +49,9 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         self.receipts = streams.Receipts()
         self.open_timer: asyncio.Task | None = None
         try:
-            device = await database_sync_to_async(check_device_web)(
-                self.scope.get("user"), kwargs.get("device_id"), kwargs.get("port"), session=self.scope.get("session"),
-                host=streams.header_value(self.scope, b"host"))
+            device = await gate_threads.call(
+                check_device_web, self.scope.get("user"), kwargs.get("device_id"), kwargs.get("port"),
+                session=self.scope.get("session"), host=streams.header_value(self.scope, b"host"))
         except ApplicationError as exc:
             logger.info("device web socket refused: %s", exc.code)
             await self.close()  # before accept: the handshake is rejected (403)

@@ -1,0 +1,98 @@
+"""A few threads of their own for short database calls made from an event loop.
+
+``await threads.call(func, *args, **kwargs)`` runs ``func`` in one of the threads, with Django's
+connection housekeeping around it as ``channels.db.database_sync_to_async`` does, and settles the
+caller's future on the loop. It does what ``DatabaseSyncToAsync(..., executor=ThreadPoolExecutor())``
+did for the tunnel with less machinery between the loop and the thread: a ``queue.SimpleQueue`` in,
+``call_soon_threadsafe`` out, and no ``concurrent.futures.Future`` (a lock and a condition each), no
+executor semaphore, no ``shield`` or ``wrap_future`` chain. With 50 calls in flight, as in a reconnect
+storm, a hop cost 190-205 µs of CPU that way and 24-31 µs this way; one at a time, 95-111 against
+66-70 µs (3 rounds of 20,000 hops of a trivial function, this machine).
+
+What a worker thread of asgiref's provides and our services rely on is kept: the caller's context
+variables are visible to ``func``, and the thread knows the loop that called it
+(``SyncToAsync.threadlocal``), so ``ai1net.realtime`` hands a send to that loop instead of blocking the
+thread on ``async_to_sync``. Changes ``func`` makes to context variables stay in the thread's copy.
+A caller that is cancelled stops waiting; ``func`` still runs to its end, as a thread cannot be stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import SyncToAsync
+from django.conf import settings
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
+
+_Call = tuple[asyncio.AbstractEventLoop, asyncio.Future, contextvars.Context, Callable[..., Any], tuple, dict]
+
+
+def default_count() -> int:
+    """One thread on SQLite: it takes one writer at a time anyway, and more threads only traded the GIL
+    between them (a tunnel connect cost 2.6-3.5 ms of daphne CPU with one, 3.6-3.9 with four, in three
+    interleaved rounds of bench/tunnel.py). Four on PostgreSQL, which answers several at once."""
+    return 1 if "sqlite" in settings.DATABASES["default"]["ENGINE"] else 4
+
+
+class DatabaseThreads:
+    def __init__(self, count: int, name: str) -> None:
+        self.count, self.name = count, name
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
+
+    async def call(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if len(self._threads) < self.count:
+            self._start()
+        self._calls.put((loop, future, contextvars.copy_context(), func, args, kwargs))
+        return await future
+
+    def _start(self) -> None:
+        with self._start_lock:
+            while len(self._threads) < self.count:
+                thread = threading.Thread(target=self._work, name=f"{self.name}_{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _work(self) -> None:
+        local, pid = SyncToAsync.threadlocal, os.getpid()
+        while True:
+            loop, future, context, func, args, kwargs = self._calls.get()
+            local.main_event_loop, local.main_event_loop_pid = loop, pid
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                close_old_connections()
+                result = context.run(func, *args, **kwargs)
+            except BaseException as exc:  # handed to the caller, whatever it is
+                error = exc
+            finally:
+                try:
+                    close_old_connections()
+                except Exception as exc:  # noqa: BLE001 - the caller hears of it
+                    error = error or exc
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # the loop closed meanwhile: nobody waits
+                logger.debug("%s: the loop closed before %r returned", self.name, func)
+            del loop, future, context, func, args, kwargs, result, error
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,79 @@
+"""ai1net.db_threads: a database call from the loop runs in one of a few threads and keeps what a worker
+thread of asgiref's gave it (the caller's context variables, the calling loop for realtime's sends)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import pytest
+from django.db import connection
+
+from ai1net import realtime
+from ai1net.accounts.models import User
+from ai1net.db_threads import DatabaseThreads
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
+
+
+async def test_the_result_and_the_error_come_back_to_the_caller():
+    threads = DatabaseThreads(1, "test-db")
+    assert await threads.call(lambda a, *, b: (a, b, threading.current_thread().name), 1, b=2) == (1, 2, "test-db_0")
+
+    def fails() -> None:
+        raise LookupError("no such row")
+
+    with pytest.raises(LookupError, match="no such row"):
+        await threads.call(fails)
+
+
+async def test_the_callers_context_is_seen_and_sends_go_to_the_calling_loop():
+    threads = DatabaseThreads(1, "test-db")
+    request_id.set("r-42")
+    seen_id, worker_loop = await threads.call(lambda: (request_id.get(), realtime._worker_loop()))
+    # realtime hands a send to this loop rather than blocking the thread on async_to_sync.
+    assert seen_id == "r-42" and worker_loop is asyncio.get_running_loop()
+
+
+async def test_a_cancelled_caller_stops_waiting_and_the_threads_go_on():
+    threads = DatabaseThreads(1, "test-db")
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait(5)
+        finished.set()
+        return "late"
+
+    waiting = asyncio.create_task(threads.call(slow))
+    await asyncio.to_thread(started.wait, 5)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+    assert await threads.call(lambda: "next") == "next"
+    assert finished.is_set()
+
+
+async def test_calls_share_the_threads_it_was_given():
+    threads = DatabaseThreads(2, "test-db")
+    barrier = threading.Barrier(2, timeout=5)
+
+    def meet() -> str:
+        barrier.wait()  # both threads at once: two calls in flight run side by side
+        return threading.current_thread().name
+
+    names = await asyncio.gather(*(threads.call(meet) for _ in range(2)))
+    assert sorted(names) == ["test-db_0", "test-db_1"]
+    names = await asyncio.gather(*(threads.call(lambda: threading.current_thread().name) for _ in range(20)))
+    assert set(names) <= {"test-db_0", "test-db_1"}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_orm_works_in_the_threads_on_their_own_connections():
+    threads = DatabaseThreads(1, "test-db")
+    await threads.call(User.objects.create_user, username="carol", password="x" * 12)
+    count, in_atomic = await threads.call(lambda: (User.objects.filter(username="carol").count(),
+                                                   connection.in_atomic_block))
+    assert count == 1 and not in_atomic
