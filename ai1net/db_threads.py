@@ -5,9 +5,9 @@ connection housekeeping around it as ``channels.db.database_sync_to_async`` does
 caller's future on the loop. It does what ``DatabaseSyncToAsync(..., executor=ThreadPoolExecutor())``
 did for the tunnel with less machinery between the loop and the thread: a ``queue.SimpleQueue`` in,
 ``call_soon_threadsafe`` out, and no ``concurrent.futures.Future`` (a lock and a condition each), no
-executor semaphore, no ``shield`` or ``wrap_future`` chain. With 50 calls in flight, as in a reconnect
-storm, a hop cost 190-205 µs of CPU that way and 24-31 µs this way; one at a time, 95-111 against
-66-70 µs (3 rounds of 20,000 hops of a trivial function, this machine).
+executor semaphore, no ``shield`` or ``wrap_future`` chain. ``bench/db_hop.py`` (3 rounds of 20,000 hops
+of a trivial function): 74-82 µs of CPU per hop that way with 50 in flight, as in a reconnect storm, and
+24-33 µs this way; 157-164 against 99-115 µs one at a time.
 
 What a worker thread of asgiref's provides and our services rely on is kept: the caller's context
 variables are visible to ``func``, and the thread knows the loop that called it
