@@ -92,6 +92,10 @@ class DatabaseThreads:
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
     if future.done():  # the caller was cancelled
         return
+    if isinstance(error, StopIteration):  # a future refuses it (TypeError), which would leave the caller waiting
+        wrapped = RuntimeError(f"{type(error).__name__} raised in a database thread")
+        wrapped.__cause__ = error
+        error = wrapped
     if error is not None:
         future.set_exception(error)
     else:

@@ -26,6 +26,10 @@ async def test_the_result_and_the_error_come_back_to_the_caller():
 
     with pytest.raises(LookupError, match="no such row"):
         await threads.call(fails)
+    # A future refuses StopIteration itself: the caller gets a RuntimeError instead of waiting forever.
+    with pytest.raises(RuntimeError) as raised:
+        await asyncio.wait_for(threads.call(next, iter([])), timeout=5)
+    assert isinstance(raised.value.__cause__, StopIteration)
 
 
 async def test_the_callers_context_is_seen_and_sends_go_to_the_calling_loop():
