@@ -48,7 +48,12 @@ def insert(obj: models.Model) -> models.Model:
     fields, values = _prepared(obj, connection)
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(connection, meta, fields), values)
-        obj.pk = meta.pk.to_python(cursor.fetchone()[0])
+        return _stored(obj, cursor.fetchone()[0], alias)
+
+
+def _stored(obj: models.Model, pk: Any, alias: str) -> models.Model:
+    """``obj`` as ``save()`` leaves a new row: its key as the database returned it, no longer adding."""
+    obj.pk = obj._meta.pk.to_python(pk)
     obj._state.adding, obj._state.db = False, alias
     return obj
 
@@ -86,8 +91,7 @@ def insert_if(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
         row = cursor.fetchone()
     if row is None:
         return False
-    obj.pk = meta.pk.to_python(row[0])
-    obj._state.adding, obj._state.db = False, connection.alias
+    _stored(obj, row[0], connection.alias)
     return True
 
 

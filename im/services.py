@@ -186,12 +186,12 @@ def message_post(*, room: Room | None = None, room_id: Any = None, author_user: 
             seq = _next_seq(room_id)
             message = sql.insert(Message(room_id=room_id, seq=seq, author_user=author_user,
                                          author_device=author_device, kind=kind, body=body))
-    events.message_created(message)
-    if conn.vendor == "postgresql":
+        # Both events leave on commit, the message's first; elsewhere the panel's UPDATE, in this write too.
+        events.message_created(message)
         if panel is not None:
             events.panel_updated(panel)
-    elif panel_state is not None:
-        panel_state_set_by_id(panel_id=panel_state[0], state=panel_state[1])
+        elif panel_state is not None and conn.vendor != "postgresql":
+            panel_state_set_by_id(panel_id=panel_state[0], state=panel_state[1])
     return message
 
 

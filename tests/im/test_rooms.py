@@ -205,3 +205,26 @@ def test_a_message_posted_with_a_panel_state_sets_it_in_the_same_write(room, use
     with pytest.raises(NotFound):
         services.message_post(room_id=room.pk.__class__(int=0), kind="event", body={},
                               panel_state=(panel.pk, "expired"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_and_its_panel_state_are_one_write_even_outside_a_transaction(room, user, monkeypatch):
+    """The panel's state is set in the message's own write: when that fails, no message stays behind
+    (on PostgreSQL it is the message's statement itself; elsewhere its own UPDATE in the same transaction)."""
+    first = services.message_post(room_id=room.pk, author_user=user, kind="text", body={"text": "q"})
+    panel = services.panel_create(room_id=room.pk, message=first, kind="mobile.question", ref_id="q1",
+                                  spec={"question_id": "q1"}, state="pending")
+    from django.db import DataError, connection
+
+    if connection.vendor == "postgresql":
+        broken = (panel.pk, "x" * 10_000)  # longer than the state column: the one statement fails
+    else:
+        def fails(**kwargs):
+            raise RuntimeError("the panel's UPDATE failed")
+
+        monkeypatch.setattr(services, "panel_state_set_by_id", fails)
+        broken = (panel.pk, "answered")
+    with pytest.raises((DataError, RuntimeError)):
+        services.message_post(room_id=room.pk, author_user=user, kind="answer", body={"a": 1}, panel_state=broken)
+    assert list(Message.objects.filter(room=room).values_list("seq", flat=True)) == [1]
+    assert Panel.objects.get(pk=panel.pk).state == "pending"
