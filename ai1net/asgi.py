@@ -37,6 +37,7 @@ from django.urls import re_path  # noqa: E402
 
 from ai1net import autobahn_log, http_guard  # noqa: E402
 from ai1net.hosts import websocket_host_guard  # noqa: E402
+from ai1net.sqlite_backend import checkpoints  # noqa: E402
 from clients import protocol  # noqa: E402
 from clients.memory import keep_freed_memory  # noqa: E402
 from devices.web import masking  # noqa: E402
@@ -112,4 +113,8 @@ def served_by_daphne() -> bool:
 # imported later in a long-lived process (a test run), freezing would keep that process's garbage of the
 # moment (closed loops, database connections) forever.
 if served_by_daphne():
+    # The embedded database's write-ahead log is copied back by a thread of its own, not by the commit of
+    # whichever request grows it past SQLite's threshold (ai1net.sqlite_backend.checkpoints).
+    if settings.DATABASES["default"]["ENGINE"] == "ai1net.sqlite_backend":
+        checkpoints.start(settings.DATABASES["default"]["NAME"])
     gc.freeze()

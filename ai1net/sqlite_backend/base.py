@@ -5,6 +5,9 @@ regular expression on every execute (15 µs for a 400-character SELECT; ``conver
 answer POST's request thread in py-spy on daphne). The statements Django and we run are few and
 repeat, so the rewritten text is kept (an LRU of ``CONVERTED_KEPT`` statements).
 
+Where a thread of this process checkpoints the database's write-ahead log (``checkpoints``), new
+connections leave the checkpoints to it.
+
 ``DATABASES["default"]["ENGINE"] = "ai1net.sqlite_backend"`` (ai1net.settings does it for sqlite URLs).
 """
 
@@ -14,6 +17,8 @@ import functools
 from typing import Any
 
 from django.db.backends.sqlite3 import base
+
+from ai1net.sqlite_backend import checkpoints
 
 CONVERTED_KEPT = 1024
 
@@ -31,5 +36,11 @@ class CursorWrapper(base.SQLiteCursorWrapper):
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def get_new_connection(self, conn_params: Any) -> Any:
+        connection = super().get_new_connection(conn_params)
+        if checkpoints.running_for(self.settings_dict["NAME"]):
+            connection.execute(f"PRAGMA wal_autocheckpoint = {checkpoints.BACKSTOP_PAGES}")
+        return connection
+
     def create_cursor(self, name: Any = None) -> Any:
         return self.connection.cursor(factory=CursorWrapper)
