@@ -227,7 +227,7 @@ if REDIS_URL:
     _REDIS_DRIVER = _DriverInfo(name="redis-py", lib_version=_redis.__version__)
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "ai1net.channel_layers.RedisChannelLayer",  # channels-redis in fewer round trips
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": None, "max_connections": 100_000,
                            "driver_info": _REDIS_DRIVER}],

@@ -28,7 +28,7 @@ PRINT_LAYER = (
 def test_settings_pick_channels_redis_when_redis_url_set():
     result = _django_subprocess(PRINT_LAYER, REDIS_URL="redis://127.0.0.1:6399/3")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["channels_redis.core.RedisChannelLayer",
+    assert result.stdout.split() == ["ai1net.channel_layers.RedisChannelLayer",
                                      "ai1net.cache.SharedRedisCache"]
 
 
@@ -65,10 +65,10 @@ def test_debug_off_with_everything_starts_with_secure_cookies():
 @pytest.mark.redis
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL")
 async def test_message_crosses_two_redis_layer_instances():
-    from channels_redis.core import RedisChannelLayer
+    from ai1net.channel_layers import RedisChannelLayer
 
     config = settings.CHANNEL_LAYERS["default"]
-    assert config["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert config["BACKEND"] == "ai1net.channel_layers.RedisChannelLayer"
     sender, receiver = RedisChannelLayer(**config["CONFIG"]), RedisChannelLayer(**config["CONFIG"])
     try:
         channel = await receiver.new_channel()
