@@ -283,11 +283,12 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: li
 
 
 def layer_ceiling(prefix: str, count: int = 200) -> tuple[float, float]:
-    """The Redis channel layer alone, one process sending to a channel it reads (the cross-process route's
-    hop when the stream relay cannot be reached, both ends' CPU on one core): (MiB/s of 1 MiB data-frame messages, messages/s of small ones)."""
+    """The platform's Redis channel layer alone, one process sending to a channel it reads (the cross-process
+    route's hop when the stream relay cannot be reached, both ends' CPU on one core): (MiB/s of 1 MiB data-frame
+    messages, messages/s of small ones)."""
     import asyncio
 
-    from channels_redis.core import RedisChannelLayer
+    from ai1net.channel_layers import RedisChannelLayer
 
     async def run() -> tuple[float, float]:
         layer = RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}], prefix=f"{prefix}:ceiling",
