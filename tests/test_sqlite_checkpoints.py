@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,30 +44,39 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
     return condition()
 
 
-def test_the_thread_copies_the_log_into_the_database(tmp_path):
+@pytest.fixture
+def database(tmp_path):
+    """(path, a connection that writes and never checkpoints by itself)"""
     path = tmp_path / "db.sqlite3"
-    writer = _writer(path, autocheckpoint=0)  # the writer never checkpoints by itself
+    writer = _writer(path, autocheckpoint=0)
+    yield path, writer
+    writer.close()
+
+
+@contextlib.contextmanager
+def _checkpointing(path: Path) -> Iterator[checkpoints.Checkpointer]:
+    checkpointer = checkpoints.Checkpointer(str(path), interval=0.02)
+    checkpointer.start()
+    try:
+        yield checkpointer
+    finally:
+        checkpointer.stop()
+
+
+def test_the_thread_copies_the_log_into_the_database(database):
+    path, writer = database
     _commit_rows(writer, 2000)  # ~2 MB, one commit each
     time.sleep(0.3)
     assert path.stat().st_size < 100_000  # still all in the log
-
-    checkpointer = checkpoints.Checkpointer(str(path), interval=0.02)
-    checkpointer.start()
-    try:
+    with _checkpointing(path) as checkpointer:
         # (the file grows while the checkpoint copies, before it is counted)
         assert _wait_for(lambda: checkpointer.checkpoints >= 1), path.stat().st_size
         assert path.stat().st_size > 2_000_000
-    finally:
-        checkpointer.stop()
-        writer.close()
 
 
-def test_the_log_stays_bounded_while_writes_go_on(tmp_path):
-    path = tmp_path / "db.sqlite3"
-    writer = _writer(path, autocheckpoint=0)
-    checkpointer = checkpoints.Checkpointer(str(path), interval=0.02)
-    checkpointer.start()
-    try:
+def test_the_log_stays_bounded_while_writes_go_on(database):
+    path, writer = database
+    with _checkpointing(path) as checkpointer:
         for _ in range(10):  # ~30 MB of log written in all
             _commit_rows(writer, 500)
             begun = checkpointer.passes + 1  # the pass after the one that may be under way
@@ -73,27 +84,18 @@ def test_the_log_stays_bounded_while_writes_go_on(tmp_path):
         # A log that is fully copied back is written again from its start: it does not grow with the writes.
         assert Path(f"{path}-wal").stat().st_size < 10_000_000
         assert writer.execute("SELECT count(*) FROM t").fetchone() == (5000,)
-    finally:
-        checkpointer.stop()
-        writer.close()
 
 
-def test_an_idle_log_is_not_checkpointed_again(tmp_path):
-    path = tmp_path / "db.sqlite3"
-    writer = _writer(path, autocheckpoint=0)
+def test_an_idle_log_is_not_checkpointed_again(database):
+    path, writer = database
     _commit_rows(writer, 10)
-    checkpointer = checkpoints.Checkpointer(str(path), interval=0.02)
-    checkpointer.start()
-    try:
+    with _checkpointing(path) as checkpointer:
         assert _wait_for(lambda: checkpointer.checkpoints >= 1)
         passes = checkpointer.passes
         assert _wait_for(lambda: checkpointer.passes >= passes + 10)  # passes with nothing written
         assert checkpointer.checkpoints == 1
         _commit_rows(writer, 10)
         assert _wait_for(lambda: checkpointer.checkpoints == 2)
-    finally:
-        checkpointer.stop()
-        writer.close()
 
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the embedded default's backend")
