@@ -3,8 +3,9 @@
 In WAL mode SQLite copies the log back into the database file (a checkpoint, with ``synchronous=NORMAL``
 the only step that syncs to disk) on the commit that grows the log past ``wal_autocheckpoint`` pages. That
 commit is somebody's request: on the 2-core bench machine one such commit took 2.9-4.5 ms against 0.015 ms
-for the others (a bare sqlite3 loop of 2,000 one-row commits), and in ``bench/tunnel.py`` the
-deliver -> ack p99, two commits per sample, was 6.7-6.9x the echo's with them and 3.0-4.6x without.
+for the others (a bare sqlite3 loop of 2,000 one-row commits). In ``bench/tunnel.py``, whose deliver -> ack
+sample commits twice, its p99 was 4.1-6.1 ms with them (4.8-7.2x the echo's) and 2.2-3.0 ms (2.9-3.4x) with
+this thread, in interleaved runs.
 
 ``start(path)`` runs ``PRAGMA wal_checkpoint(PASSIVE)`` every ``INTERVAL_SEC`` on a connection of its own
 when something was committed since its last one (``data_version``). PASSIVE copies what no reader still
