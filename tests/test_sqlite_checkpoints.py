@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import subprocess
@@ -120,6 +121,18 @@ def test_connections_leave_checkpoints_to_the_thread_while_it_runs(tmp_path, dja
     finally:
         checkpoints.stop(path)
     assert autocheckpoint() == 1000
+
+
+def test_a_database_the_thread_cannot_open_leaves_checkpoints_to_the_commits(tmp_path, caplog):
+    path = tmp_path / "no such folder" / "db.sqlite3"
+    with caplog.at_level(logging.WARNING, logger="ai1net.sqlite_backend.checkpoints"):
+        checkpointer = checkpoints.start(path)
+        try:
+            assert _wait_for(lambda: not checkpointer.alive())
+            assert not checkpoints.running_for(path)  # new connections keep SQLite's own threshold
+        finally:
+            checkpoints.stop(path)
+    assert "no checkpoint thread for" in caplog.text
 
 
 def test_in_memory_databases_get_no_thread():

@@ -48,8 +48,15 @@ class Checkpointer:
         self._stop.set()
         self._thread.join(timeout)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
-        connection = sqlite3.connect(self.path, timeout=1.0, isolation_level=None, check_same_thread=True)
+        try:
+            connection = sqlite3.connect(self.path, timeout=1.0, isolation_level=None, check_same_thread=True)
+        except sqlite3.Error:  # commits checkpoint by themselves, as SQLite does by default (running_for)
+            logger.warning("no checkpoint thread for %s", self.path, exc_info=True)
+            return
         try:
             while not self._stop.wait(self.interval):
                 self.passes += 1
@@ -90,4 +97,6 @@ def stop(path: str | os.PathLike) -> None:
 
 
 def running_for(path: str | os.PathLike) -> bool:
-    return bool(path) and os.path.abspath(str(path)) in _running
+    """A thread of this process checkpoints ``path``'s log."""
+    checkpointer = _running.get(os.path.abspath(str(path))) if path else None
+    return checkpointer is not None and checkpointer.alive()
