@@ -12,7 +12,6 @@ changes. One process only, as before.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer as _ChannelsInMemoryChannelLayer
 from channels_redis import core
-from redis.exceptions import NoScriptError
+from redis.commands.core import AsyncScript
 
 logger = logging.getLogger(__name__)
 
@@ -76,20 +75,6 @@ return over_capacity
 """
 
 
-class _Script:
-    """A Lua script run by its SHA1 (EVALSHA), loaded with EVAL when the server does not know it yet."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
-
-    async def __call__(self, connection: Any, keys: list[Any], args: list[Any]) -> Any:
-        try:
-            return await connection.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:  # a new or restarted Redis
-            return await connection.eval(self.text, len(keys), *keys, *args)
-
-
 class RedisChannelLayer(core.RedisChannelLayer):
     """channels-redis's layer with the same keys, messages and semantics, in fewer round trips: a send in one
     (was four), a group send in two (was four; one for a group without members), a group add in one (was
@@ -106,8 +91,10 @@ class RedisChannelLayer(core.RedisChannelLayer):
     are channels-redis's own. The overridden receive steps are private to channels-redis 4.3
     (requirements.txt pins it; tests/test_channel_layers_redis.py checks them)."""
 
-    _send_script = _Script(_SEND_LUA)
-    _group_send_script = _Script(_GROUP_SEND_LUA)
+    # redis-py's script objects: EVALSHA, and SCRIPT LOAD first where the server does not know the script
+    # (a new or restarted Redis). Given as bytes, they need no client to compute their SHA1.
+    _send_script = AsyncScript(None, _SEND_LUA.encode())
+    _group_send_script = AsyncScript(None, _GROUP_SEND_LUA.encode())
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         assert isinstance(message, dict), "message is not a dict"
@@ -122,9 +109,10 @@ class RedisChannelLayer(core.RedisChannelLayer):
             index = next(self._send_index_generator)
         now = time.time()
         added = await self._send_script(
-            self.connection(index),
-            [self.prefix + key_name],
-            [self.serialize(message), now, int(now) - int(self.expiry), self.get_capacity(channel), int(self.expiry)],
+            keys=[self.prefix + key_name],
+            args=[self.serialize(message), now, int(now) - int(self.expiry), self.get_capacity(channel),
+                  int(self.expiry)],
+            client=self.connection(index),
         )
         if not added:
             raise ChannelFull()
@@ -156,9 +144,10 @@ class RedisChannelLayer(core.RedisChannelLayer):
         keys = by_connection[0]
         now = time.time()
         over_capacity = await self._group_send_script(
-            connection, keys,
-            [*(messages[k] for k in keys), *(capacities[k] for k in keys), now, self.expiry,
-             int(now) - int(self.expiry)],
+            keys=keys,
+            args=[*(messages[k] for k in keys), *(capacities[k] for k in keys), now, self.expiry,
+                  int(now) - int(self.expiry)],
+            client=connection,
         )
         if over_capacity > 0:
             logger.info("%s of %s channels over capacity in group %s", over_capacity, len(channel_names), group)
