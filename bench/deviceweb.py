@@ -238,8 +238,8 @@ class Figures:
     first_ms: float
     serial: float
     parallel: float
-    cpu_ms_per_mib: float = 0.0  # daphne + bridge CPU per MiB downloaded (0 for the direct path)
-    cpu_ms_per_request: float = 0.0  # daphne + bridge CPU per small request (8 clients)
+    cpu_ms_per_mib: float = 0.0  # CPU of the path's own processes per MiB downloaded (none for the direct path)
+    cpu_ms_per_request: float = 0.0  # the same per small request (8 clients)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -250,9 +250,11 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: list[int]) -> dict[str, Figures]:
+def measure(clients: dict[str, httpx.Client], args: argparse.Namespace,
+            pids: dict[str, list[int]]) -> dict[str, Figures]:
     """Every figure of every client, run by run in turn (through, direct, through, direct ...), so a
-    change of load on the machine hits both sides of a ratio alike."""
+    change of load on the machine hits both sides of a ratio alike. ``pids``: by client, the processes
+    whose CPU is that path's own (none for the direct one)."""
     size = args.mb * MIB
     downloads: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
     cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
@@ -263,22 +265,22 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace, pids: li
         download(client, 8 * MIB)  # warm up both ends
     for _ in range(args.runs):
         for name, client in clients.items():
-            before = cpu_seconds(pids)
+            before = cpu_seconds(pids[name])
             downloads[name].append(download(client, size))
-            cpu[name] += cpu_seconds(pids) - before
+            cpu[name] += cpu_seconds(pids[name]) - before
     for _ in range(max(1, args.runs // 2)):
         for name, client in clients.items():
             serial[name].append(small_serial(client, args.small // 2))
     for _ in range(args.runs):
         for name, client in clients.items():
-            before = cpu_seconds(pids)
+            before = cpu_seconds(pids[name])
             parallel[name].append(small_parallel(client, args.small))
-            cpu_small[name] += cpu_seconds(pids) - before
+            cpu_small[name] += cpu_seconds(pids[name]) - before
     median = statistics.median
     return {name: Figures(median(r[0] for r in downloads[name]), median(r[1] for r in downloads[name]),
                           median(serial[name]), median(parallel[name]),
-                          1000 * cpu[name] / (size / MIB * args.runs) if name != "direct" else 0.0,
-                          1000 * cpu_small[name] / (args.small * args.runs) if name != "direct" else 0.0)
+                          1000 * cpu[name] / (size / MIB * args.runs),
+                          1000 * cpu_small[name] / (args.small * args.runs))
             for name in clients}
 
 
@@ -316,38 +318,59 @@ def layer_ceiling(prefix: str, count: int = 200) -> tuple[float, float]:
     return asyncio.run(run())
 
 
-def print_pair(label: str, through: Figures, direct: Figures, mb: int) -> None:
-    def line(name: str, a: float, b: float, fmt: str = "12.1f") -> None:
-        print(f"  {name:34} {a:{fmt}} {b:{fmt}} {a / b:7.3f}", flush=True)
+def print_pair(label: str, through: Figures, direct: Figures, floor: Figures, mb: int) -> None:
+    def line(name: str, a: float, b: float, c: float, fmt: str = "12.1f") -> None:
+        print(f"  {name:34} {a:{fmt}} {b:{fmt}} {a / b:7.3f} {c:{fmt}} {c / b:7.3f}", flush=True)
 
     print(f"{label}")
-    print(f"  {'measurement':34} {'tunnel':>12} {'direct':>12} {'ratio':>7}")
-    line(f"download {mb} MB (MiB/s)", through.mibs, direct.mibs)
-    line("  first byte (ms, p50)", through.first_ms, direct.first_ms, "12.2f")
-    line("small requests, 1 client (req/s)", through.serial, direct.serial)
-    line("small requests, 8 clients (req/s)", through.parallel, direct.parallel)
-    print(f"  {'daphne + bridge CPU (ms per MiB)':34} {through.cpu_ms_per_mib:12.2f}")
-    print(f"  {'daphne + bridge CPU (ms per request)':34} {through.cpu_ms_per_request:12.2f}")
+    print(f"  {'measurement':34} {'tunnel':>12} {'direct':>12} {'ratio':>7} {'bare relay':>12} {'ratio':>7}")
+    line(f"download {mb} MB (MiB/s)", through.mibs, direct.mibs, floor.mibs)
+    line("  first byte (ms, p50)", through.first_ms, direct.first_ms, floor.first_ms, "12.2f")
+    line("small requests, 1 client (req/s)", through.serial, direct.serial, floor.serial)
+    line("small requests, 8 clients (req/s)", through.parallel, direct.parallel, floor.parallel)
+    print(f"  {'CPU of the path (ms per MiB)':34} {through.cpu_ms_per_mib:12.2f} {'':12} {'':7} "
+          f"{floor.cpu_ms_per_mib:12.2f}")
+    print(f"  {'CPU of the path (ms per request)':34} {through.cpu_ms_per_request:12.2f} {'':12} {'':7} "
+          f"{floor.cpu_ms_per_request:12.2f}")
+    print("  (CPU of the path: daphne + bridge through the tunnel, the relay's two processes for the bare relay)")
 
 
-def rows_for(config: str, through: Figures, direct: Figures, mb: int, note: str = "") -> list[Row]:
+def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb: int, note: str = "") -> list[Row]:
     down = through.mibs / direct.mibs
     first = through.first_ms / direct.first_ms if direct.first_ms else 0.0
     small = through.parallel / direct.parallel
     extra = [note] if note else []
+    bare = "the bare dial-out relay (bench/bare_relay.py, the floor of the architecture) in the same run:"
     return [
         Row(f"device web {mb} MB download vs direct", config, f"{through.mibs:.1f} MiB/s",
             f"direct {direct.mibs:.1f} MiB/s", down, down, ">= 0.5", "x direct",
             [f"first byte {through.first_ms:.2f} ms through vs {direct.first_ms:.2f} ms direct ({first:.2f}x)",
-             f"daphne + bridge CPU {through.cpu_ms_per_mib:.2f} ms per MiB", *extra]),
+             f"daphne + bridge CPU {through.cpu_ms_per_mib:.2f} ms per MiB",
+             f"{bare} {floor.mibs:.1f} MiB/s ({floor.mibs / direct.mibs:.2f}x direct), "
+             f"its two processes' CPU {floor.cpu_ms_per_mib:.2f} ms per MiB", *extra]),
         Row("device web first byte vs direct", config, f"{through.first_ms:.2f} ms p50",
-            f"direct {direct.first_ms:.2f} ms p50", first, first, "<= 3", "x direct", extra),
+            f"direct {direct.first_ms:.2f} ms p50", first, first, "<= 3", "x direct",
+            [f"{bare} {floor.first_ms:.2f} ms p50 ({floor.first_ms / direct.first_ms:.2f}x direct)", *extra]),
         Row("device web small requests, 8 clients vs direct", config, f"{through.parallel:.0f} req/s",
             f"direct {direct.parallel:.0f} req/s", small, small, ">= 0.4", "x direct",
             [f"1 client in a row: {through.serial:.0f} vs {direct.serial:.0f} req/s "
              f"({through.serial / direct.serial:.2f}x)",
-             f"daphne + bridge CPU {through.cpu_ms_per_request:.2f} ms per request", *extra]),
+             f"daphne + bridge CPU {through.cpu_ms_per_request:.2f} ms per request",
+             f"{bare} {floor.parallel:.0f} req/s ({floor.parallel / direct.parallel:.2f}x direct), "
+             f"its two processes' CPU {floor.cpu_ms_per_request:.2f} ms per request", *extra]),
     ]
+
+
+def bare_relay(world: World) -> tuple[httpx.Client, list[int]]:
+    """Start bench/bare_relay.py's two processes before the same local service: (a client of it, their pids)."""
+    http_port, ws_port = free_port(), free_port()
+    relay = str(ROOT / "bench" / "bare_relay.py")
+    front = world.start([PY, relay, "front", str(http_port), str(ws_port)], "bare-front.log")
+    wait_for(lambda: socket.create_connection(("127.0.0.1", ws_port), 1).close() is None, 30, "the bare relay")
+    device = world.start([PY, relay, "device", str(ws_port), str(world.web_port)], "bare-device.log")
+    client = httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=120)
+    wait_for(lambda: client.get("/small").text == "ok", 30, "the bare relay's device")
+    return client, [front.pid, device.pid]
 
 
 def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> list[Row]:
@@ -370,26 +393,29 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
             layer = "Redis" if daphnes == 2 else "in-memory"
             print(f"\n== {config}: {layer} channel layer, {daphnes} daphne; median of {args.runs} runs; "
                   f"ratio = through the tunnel / straight to the local service", flush=True)
-            clients = {"through": tunnel, "direct": direct}
+            platform = [proc.pid for proc in world.procs if "upstream.py" not in " ".join(map(str, proc.args))]
+            floor_client, floor_pids = bare_relay(world)
+            clients = {"through": tunnel, "direct": direct, "floor": floor_client}
+            pids = {"through": platform, "direct": [], "floor": floor_pids}
             if daphnes == 2:
                 clients["cross"] = browser(world, world.servers[1])
-            pids = [proc.pid for proc in world.procs if "upstream.py" not in " ".join(map(str, proc.args))]
+                pids["cross"] = platform
             figures = measure(clients, args, pids)
-            through, straight = figures["through"], figures["direct"]
+            through, straight, floor = figures["through"], figures["direct"], figures["floor"]
             if daphnes == 1:
-                print_pair(f"{config}", through, straight, args.mb)
-                rows = rows_for(config, through, straight, args.mb)
+                print_pair(f"{config}", through, straight, floor, args.mb)
+                rows = rows_for(config, through, straight, floor, args.mb)
             else:
                 print_pair(f"{config}: request on daphne A, which holds the tunnel (in-process route)",
-                           through, straight, args.mb)
+                           through, straight, floor, args.mb)
                 cross = figures["cross"]
                 print_pair(f"{config}: request on daphne B, the tunnel on A (cross-process, A's stream relay)",
-                           cross, straight, args.mb)
-                rows = rows_for(config, through, straight, args.mb, "request on the daphne holding the tunnel")
+                           cross, straight, floor, args.mb)
+                rows = rows_for(config, through, straight, floor, args.mb, "request on the daphne holding the tunnel")
                 mibs, messages = layer_ceiling(world.env["AI1NET_REDIS_PREFIX"])
                 print(f"  Redis channel layer alone (send + receive in one process): {mibs:.0f} MiB/s of 1 MiB "
                       f"messages, {messages:.0f} small messages/s", flush=True)
-                rows += rows_for(f"{config} (cross-process)", cross, straight, args.mb,
+                rows += rows_for(f"{config} (cross-process)", cross, straight, floor, args.mb,
                                  "request on the other daphne: frames cross to the tunnel's daphne over its stream "
                                  f"relay; the Redis layer alone (the route without the relay) carries {mibs:.0f} MiB/s "
                                  f"of 1 MiB messages and {messages:.0f} small messages/s here")
