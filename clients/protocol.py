@@ -193,6 +193,18 @@ def _dump(message: Message) -> str:
 # platform), or by a device without the capability (an older bridge), stays on the text frames and the
 # smaller window below: both generations keep working together, no version bump. A binary stream's small
 # response may also come whole in its web.response (WEB_INLINE_BODY_BYTES).
+# Slow start (capability WEB_SLOW_START_CAPABILITY). For a device that declared it, the platform's web.open of
+# an HTTP stream adds "first_credit": web_first_credit(window), and then:
+#   - the device's credit for the response body starts at first_credit, not at the window;
+#   - its web.response may carry, as "body" (base64) without "end", the first body bytes it already holds (at
+#     most WEB_FIRST_BODY_BYTES; a response framed by Content-Length or by the connection's close only). They
+#     cost credit as one data frame, and the web.data after them still count seq from 0;
+#   - the platform writes the head (with those bytes) to the browser, then grants the rest of the window in one
+#     web.credit.
+# Until credit comes back, the device reads ahead from the local server only what that first credit covers. So
+# the head goes to the browser while the two processes of a big download are not yet flooding each other with
+# its body, one CPU-bound core each. A device without the capability (an older bridge) gets no first_credit and
+# starts with the whole window; a platform that sends none (an older one) gets the old behaviour.
 # Flow control: each side may have at most WEB_WINDOW_BYTES of a stream's data in flight; a frame
 # costs web_frame_cost(len(payload)) and the receiver returns credit as it hands data on. A slow
 # reader therefore stalls only its own stream, and no stream has more than WEB_WINDOW_BYTES /
@@ -218,6 +230,8 @@ WEB_MIN_FRAME_COST = WEB_WINDOW_BYTES // 64  # so a stream of tiny frames (SSE) 
 # enough that its base64 frame stays under daphne's default WebSocket message limit (1 MiB).
 WEB_WS_MAX_MESSAGE = 512 * 1024
 WEB_BINARY_CAPABILITY = "web.binary"
+WEB_SLOW_START_CAPABILITY = "web.slow_start"
+WEB_FIRST_BODY_BYTES = 32 * 1024  # the most body bytes a slow-start web.response carries
 WEB_BIN_DATA = 1  # web.data {stream, seq, data}
 WEB_BIN_WS = 2  # web.ws_frame {stream, seq, data} (a binary WebSocket message; text ones stay JSON)
 WEB_BIN_CHUNK_BYTES = 1024 * 1024  # raw bytes per binary web.data (a frame is this + at most 106 bytes)
@@ -246,6 +260,12 @@ def web_frame_cost(size: int, window: int = WEB_WINDOW_BYTES) -> int:
     """Credit one data or WebSocket frame of ``size`` payload bytes uses on a stream with ``window`` (same
     rule on both sides): at least 1/64 of the window, so at most 64 frames of a stream are in flight."""
     return max(int(size), window // 64)
+
+
+def web_first_credit(window: int) -> int:
+    """A slow-start stream's first credit (see above): two frames' minimum cost, e.g. the head's bytes and one
+    more data frame."""
+    return 2 * (window // 64)
 
 
 def web_window(binary: bool) -> int:

@@ -10,7 +10,8 @@ into its own buffer within ``send``, before it first waits).
 
 Reading pauses once ``capacity`` bytes wait in the buffer (as a StreamReader pauses at twice its limit); the
 buffer starts at 64 KiB and grows while data waits, to at most twice ``capacity``: a stream holds at most that
-much of a local server's response whatever the body size.
+much of a local server's response whatever the body size. ``limit_reading`` pauses it earlier for a while (a
+slow-start stream before its first credit comes back, see clients/protocol.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Upstream(asyncio.BufferedProtocol):
         self.eof = False
         self.error: Optional[BaseException] = None
         self.reading_paused = False
+        self.read_limit: Optional[int] = None  # pause at this many waiting bytes instead of ``capacity``
         self.writing_paused = False
         self._waiter: Optional[asyncio.Future] = None
         self._drain_waiter: Optional[asyncio.Future] = None
@@ -63,10 +65,22 @@ class Upstream(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
-        if self.end - self.start >= self.capacity and not self.reading_paused and self.transport is not None:
+        self._pause_if_full()
+        self._wake()
+
+    def _pause_if_full(self) -> None:
+        if self.end - self.start >= self._pause_at() and not self.reading_paused and self.transport is not None:
             self.reading_paused = True
             self.transport.pause_reading()
-        self._wake()
+
+    def _pause_at(self) -> int:
+        return self.capacity if self.read_limit is None else min(self.read_limit, self.capacity)
+
+    def limit_reading(self, size: Optional[int]) -> None:
+        """Read ahead at most ``size`` bytes from now on (None: up to ``capacity`` again)."""
+        self.read_limit = size
+        self._pause_if_full()
+        self._resume_if_room()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -108,7 +122,10 @@ class Upstream(asyncio.BufferedProtocol):
         self.start += size
         if self.start == self.end:
             self.start = self.end = HEAD_ROOM
-        if self.reading_paused and self.end - self.start < self.capacity and self.transport is not None:
+        self._resume_if_room()
+
+    def _resume_if_room(self) -> None:
+        if self.reading_paused and self.end - self.start < self._pause_at() and self.transport is not None:
             self.reading_paused = False
             self.transport.resume_reading()
 

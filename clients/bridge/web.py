@@ -226,6 +226,12 @@ class _Stream:
         self.chunk = protocol.web_chunk(self.binary)
         self.ramp = FIRST_CHUNK  # the first frames of a body are small (its first byte goes out at once)
         self.credit = self.window  # what we may still send
+        first = params.get("first_credit")
+        # Slow start (clients/protocol.py): the platform grants the rest of the window once the head is out.
+        self.slow_start = isinstance(first, int) and not isinstance(first, bool) and 0 < first < self.window
+        if self.slow_start:
+            self.credit = first
+        self.held_back: Optional[Upstream] = None  # reading ahead limited until credit comes back
         self.credit_changed = asyncio.Event()
         self.send_seq = 0
         self.recv_seq = 0
@@ -240,6 +246,7 @@ class _Stream:
             if isinstance(amount, int) and not isinstance(amount, bool) and 0 < amount <= self.window:
                 self.credit = min(self.credit + amount, self.window)
                 self.credit_changed.set()
+                self.read_ahead()
             return
         if method == protocol.WEB_RESET:
             self.reset_by_platform = True
@@ -260,6 +267,12 @@ class _Stream:
                 self.inbox.put_nowait(("overflow", {}, 0))
                 return
         self.inbox.put_nowait((method, params, estimate))
+
+    def read_ahead(self) -> None:
+        """Let the local server's connection read ahead as far as it may again."""
+        connection, self.held_back = self.held_back, None
+        if connection is not None:
+            connection.limit_reading(None)
 
     # --- helpers for the stream task ---------------------------------------------------------
     async def send(self, method: str, params: Dict[str, Any]) -> None:
@@ -442,6 +455,8 @@ class HttpStream(_Stream):
                     await self.send(protocol.WEB_RESPONSE, dict(head, end=True,
                                                                 body=base64.b64encode(body).decode("ascii")))
                     return keep
+                if self.slow_start and framing[0] in ("length", "close"):
+                    framing = await self._first_bytes(reader, framing, head)
                 await self.send(protocol.WEB_RESPONSE, head)
                 await self._download(reader, framing)
             except asyncio.CancelledError:
@@ -451,9 +466,24 @@ class HttpStream(_Stream):
             await self.send(protocol.WEB_END, {})
             return keep
         finally:
+            self.read_ahead()  # a kept connection serves the next stream in full
             if uploader is not None:
                 uploader.cancel()
                 await asyncio.gather(uploader, return_exceptions=True)
+
+    async def _first_bytes(self, reader: Upstream, framing: Tuple[str, int], head: Dict[str, Any]
+                           ) -> Tuple[str, int]:
+        """Slow start: the body bytes already here ride in ``head`` (at most WEB_FIRST_BODY_BYTES, no wait), and
+        reading ahead stops at what the first credit covers until the platform returns credit. The framing of
+        the rest of the body."""
+        kind, remaining = framing
+        size = min(reader.buffered, protocol.WEB_FIRST_BODY_BYTES, remaining if kind == "length" else reader.buffered)
+        reader.limit_reading(2 * protocol.WEB_FIRST_BODY_BYTES)  # no credit can have come back before the head
+        self.held_back = reader
+        if size > 0:
+            await self.take_credit(size)
+            head["body"] = base64.b64encode(await reader.read(size)).decode("ascii")
+        return kind, remaining - size if kind == "length" else remaining
 
     def _upload_done(self, task: asyncio.Future) -> None:
         if task.cancelled() or task.exception() is None:
@@ -730,6 +760,7 @@ def install(core: Any) -> None:
                    protocol.WEB_WS_OPEN, protocol.WEB_WS_FRAME, protocol.WEB_WS_CLOSE):
         core.register_notification(method, handler(method))
     core.add_capability("device_web")
+    core.add_capability(protocol.WEB_SLOW_START_CAPABILITY)
     if binary_frames():
         core.add_capability(protocol.WEB_BINARY_CAPABILITY)
 

@@ -180,6 +180,10 @@ class HttpStream:
         self.link = await streams.link_to(self.device)
         self.credit = streams.Credit(self.link.window)
         self.receipts = streams.Receipts(self.link.window)
+        # Slow start (clients/protocol.py): the device starts with a small credit, the rest once the head is out.
+        slow_start = protocol.WEB_SLOW_START_CAPABILITY in (self.device.capabilities or [])
+        first_credit = protocol.web_first_credit(self.link.window) if slow_start else 0
+        self.grant = self.link.window - first_credit if slow_start else 0
         prefix = streams.prefix_of(self.device.pk, self.port)
         path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
         length = streams.header_value(self.scope, b"content-length").strip()
@@ -192,6 +196,7 @@ class HttpStream:
                 "port": self.port, "method": self.scope["method"], "path": path,
                 "query": (self.scope.get("query_string") or b"").decode("latin-1"),
                 "headers": streams.forward_headers(self.scope, prefix), "body": has_body,
+                **({"first_credit": first_credit} if first_credit else {}),
             })
             uploader = asyncio.ensure_future(self._upload(has_body))
             downloader = asyncio.ensure_future(self._download())
@@ -280,17 +285,16 @@ class HttpStream:
             if method == protocol.WEB_CREDIT:
                 self.credit.add(params.get("bytes"))
             elif method == protocol.WEB_RESPONSE and not self.started:
-                await self._start(params)
+                body = _head_body(params.get("body"))
                 if params.get("end") is True:  # the whole (small) body came with the head
+                    await self._start(params)
                     self.device_done = True
-                    body = params.get("body")
-                    try:
-                        body = base64.b64decode(body or "", validate=True) if isinstance(body, str) else b""
-                    except (binascii.Error, ValueError):
-                        raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
-                                                   "detail": "the device sent a body that is not base64"}) from None
                     await self._finish(body)
                     return
+                # Slow start: the body's first bytes may come with the head (they used credit as a data frame).
+                if body and not self.receipts.received(len(body)):
+                    raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
+                await self._start(params, body)
             elif method == protocol.WEB_DATA and self.started:
                 if params.get("seq") != expected:
                     raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "a frame was lost"})
@@ -312,7 +316,9 @@ class HttpStream:
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
         self.finished = True
 
-    async def _start(self, params: dict[str, Any]) -> None:
+    async def _start(self, params: dict[str, Any], body: bytes = b"") -> None:
+        """Write the response head, and unless the response ends with it, ``body`` (its first bytes, or none)
+        at once: the head goes out now (server-sent events), then the rest of a slow-start window is granted."""
         status = params.get("status")
         headers = streams.response_headers(params.get("headers"))
         if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599 or headers is None:
@@ -322,8 +328,13 @@ class HttpStream:
         self.started = True
         self.writable = Writable(self.scope.get(TWISTED_REQUEST))
         self.writable.no_delay()
-        if params.get("end") is not True:
-            await self.send({"type": "http.response.body", "body": b"", "more_body": True})  # headers out now (SSE)
+        if params.get("end") is True:
+            return
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        grant, self.grant = self.grant, 0
+        for amount in (grant, self.receipts.handed_on(len(body)) if body else 0):
+            if amount:
+                await self.link.frame(protocol.WEB_CREDIT, {"bytes": amount})
 
     async def _body(self, params: dict[str, Any]) -> None:
         chunk = params.get("raw")  # a binary frame's bytes
@@ -343,6 +354,17 @@ class HttpStream:
         owed = self.receipts.handed_on(len(chunk))
         if owed:
             await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
+
+
+def _head_body(body: Any) -> bytes:
+    """The body bytes a web.response carries (base64; none when absent)."""
+    if not isinstance(body, str):
+        return b""
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
+                                   "detail": "the device sent a body that is not base64"}) from None
 
 
 def http_application() -> Any:
