@@ -1,4 +1,4 @@
-"""The floor of device web's architecture: the least a dial-out relay does, in two processes.
+"""The least a dial-out relay does for device web, in two processes: what the path costs any implementation.
 
     python bench/bare_relay.py front HTTP_PORT WS_PORT      # the platform's place: browsers in, the device's socket
     python bench/bare_relay.py device WS_PORT LOCAL_PORT    # the device's place: dials out, reaches 127.0.0.1:LOCAL_PORT
@@ -12,8 +12,9 @@ one kind byte (OPEN, DATA, END), a 4-byte stream number, then the request head o
 came. Each browser connection carries one request and is closed after it, as the bench's local service does.
 
 bench/deviceweb.py measures the same download, first byte and small requests through it in the same run as
-through the tunnel and direct: what any implementation of this path costs on the machine, beyond which the
-platform's own work (sessions, access checks, headers, flow control, the channel layer) is what remains.
+through the tunnel and direct. Its first byte and small requests are a floor for this path on the machine:
+beyond them is the platform's own work (sessions, access checks, headers, flow control). Its download is not:
+websockets and stream readers copy every frame a few times, where the platform's bridge and daphne do not.
 """
 
 from __future__ import annotations

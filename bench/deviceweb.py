@@ -17,8 +17,10 @@ the local service of tests/deviceweb/upstream.py and a bridge that exposes it.
 
 Measured beside the same request straight to 127.0.0.1:<port> in the same run (ratio = through / direct):
 a 100 MB download (MiB/s and the time to its first body byte, medians of --runs) and small requests
-(requests/s: one keep-alive client in a row, and 8 clients at once). ``--json FILE`` appends the rows of
-issue 10 (bench.report). ``--hold`` keeps the world up after measuring, for a profiler (py-spy).
+(requests/s: one keep-alive client in a row, and 8 clients at once). The same figures of a bare dial-out
+relay before the same local service (bench/bare_relay.py: two asyncio processes, no Django, no checks, no
+flow control) are printed beside them, a floor for the first byte and small requests. ``--json FILE`` appends
+the rows of issue 10 (bench.report). ``--hold`` keeps the world up after measuring, for a profiler (py-spy).
 """
 
 from __future__ import annotations
@@ -340,7 +342,7 @@ def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb:
     first = through.first_ms / direct.first_ms if direct.first_ms else 0.0
     small = through.parallel / direct.parallel
     extra = [note] if note else []
-    bare = "the bare dial-out relay (bench/bare_relay.py, the floor of the architecture) in the same run:"
+    bare = "a bare dial-out relay in the same run (bench/bare_relay.py: no Django, checks or flow control):"
     return [
         Row(f"device web {mb} MB download vs direct", config, f"{through.mibs:.1f} MiB/s",
             f"direct {direct.mibs:.1f} MiB/s", down, down, ">= 0.5", "x direct",
