@@ -140,13 +140,13 @@ def test_in_memory_databases_get_no_thread():
     assert checkpoints.start("file:memdb1?mode=memory&cache=shared") is None
 
 
-@pytest.mark.parametrize("program, expected", [("daphne", "True"), ("manage.py", "False")])
-def test_a_server_starts_the_thread_and_other_programs_do_not(tmp_path, program, expected):
+@pytest.mark.parametrize("program, expected", [("daphne", "True (50000, 20, 20)"), ("manage.py", "False (700, 10, 10)")])
+def test_a_server_starts_the_thread_and_tunes_the_collector_and_other_programs_do_not(tmp_path, program, expected):
     # As daphne loads the app (ai1net.asgi), and as a management command or a test run would.
     script = (
-        "import sys; sys.argv = [sys.argv[1]]; import ai1net.asgi; from django.conf import settings; "
+        "import sys; sys.argv = [sys.argv[1]]; import gc, ai1net.asgi; from django.conf import settings; "
         "from ai1net.sqlite_backend import checkpoints; "
-        "print(checkpoints.running_for(settings.DATABASES['default']['NAME']))"
+        "print(checkpoints.running_for(settings.DATABASES['default']['NAME']), gc.get_threshold())"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
