@@ -284,19 +284,30 @@ class _Stream:
         return self.fw.generation() == self.generation
 
     async def _wait(self, awaitable_factory: Callable[[], Awaitable[Any]], what: str) -> Any:
-        """Wait for something from the platform, checking the tunnel connection every tick."""
+        """Wait for something from the platform or the local server, checking the tunnel connection every tick.
+
+        One future for the whole wait, watched with ``asyncio.wait``: ``asyncio.wait_for`` (before Python 3.12)
+        returns the result of a future that completes in the same turn of the loop as a cancellation of the
+        caller, and the cancellation is lost. A stream the platform reset or the daemon closed at that instant
+        then went on waiting, for credit that never came, for IDLE_TIMEOUT."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + IDLE_TIMEOUT
-        while True:
-            if not self.alive():
-                raise _Gone()
-            left = deadline - loop.time()
-            if left <= 0:
-                raise StreamError(protocol.WEB_RESET_TIMEOUT, f"no {what} for {IDLE_TIMEOUT:g}s")
-            try:
-                return await asyncio.wait_for(awaitable_factory(), min(LIVENESS_TICK, left))
-            except asyncio.TimeoutError:
-                continue
+        waiting = asyncio.ensure_future(awaitable_factory())
+        try:
+            while True:
+                if not self.alive():
+                    raise _Gone()
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise StreamError(protocol.WEB_RESET_TIMEOUT, f"no {what} for {IDLE_TIMEOUT:g}s")
+                done, _ = await asyncio.wait({waiting}, timeout=min(LIVENESS_TICK, left))
+                if done:
+                    return waiting.result()
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+            elif not waiting.cancelled():
+                waiting.exception()  # retrieved, however the wait ended (no "never retrieved" log)
 
     async def next_frame(self) -> Tuple[str, Dict[str, Any]]:
         method, params, estimate = await self._wait(self.inbox.get, "data from the platform")
@@ -480,7 +491,7 @@ class HttpStream(_Stream):
         size = min(reader.buffered, protocol.WEB_FIRST_BODY_BYTES, remaining if kind == "length" else reader.buffered)
         reader.limit_reading(2 * protocol.WEB_FIRST_BODY_BYTES)  # no credit can have come back before the head
         self.held_back = reader
-        if size > 0:
+        if size > 0 and self.credit >= protocol.web_frame_cost(size, self.window):  # else the head goes alone
             await self.take_credit(size)
             head["body"] = base64.b64encode(await reader.read(size)).decode("ascii")
         return kind, remaining - size if kind == "length" else remaining

@@ -67,7 +67,8 @@ class Writable:
 
     async def wait(self, timeout: float) -> None:
         if not self.ready.is_set():
-            await asyncio.wait_for(self.ready.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see HttpStream._download
+                await self.ready.wait()
 
     def close(self) -> None:
         if self.registered:
@@ -272,7 +273,11 @@ class HttpStream:
         while True:
             timeout = self.idle_sec if self.started else self.first_byte_sec
             try:
-                message = await asyncio.wait_for(self.link.receive(), timeout)
+                # Not asyncio.wait_for: on Python 3.11 it returns what arrives in the same turn of the loop as a
+                # cancellation of this task (the browser left) and loses the cancellation; the stream then
+                # lived on until its idle timeout, the device sending meanwhile.
+                async with asyncio.timeout(timeout):
+                    message = await self.link.receive()
             except TimeoutError:
                 raise DeviceTimeout(f"The device did not answer within {timeout:g} s.") from None
             if message.get("type") == "device.stream.closed":
@@ -332,9 +337,20 @@ class HttpStream:
             return
         await self.send({"type": "http.response.body", "body": body, "more_body": True})
         grant, self.grant = self.grant, 0
-        for amount in (grant, self.receipts.handed_on(len(body)) if body else 0):
-            if amount:
-                await self.link.frame(protocol.WEB_CREDIT, {"bytes": amount})
+        if grant:
+            await self.link.frame(protocol.WEB_CREDIT, {"bytes": grant})
+        if body:
+            await self._handed_on(len(body))
+
+    async def _handed_on(self, size: int) -> None:
+        """``size`` bytes went to the browser: once its socket has drained, the credit they used goes back."""
+        try:
+            await self.writable.wait(self.idle_sec)  # the browser reads slowly: hold this stream's credit
+        except TimeoutError:
+            raise DeviceTimeout("The browser stopped reading.") from None
+        owed = self.receipts.handed_on(size)
+        if owed:
+            await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
 
     async def _body(self, params: dict[str, Any]) -> None:
         chunk = params.get("raw")  # a binary frame's bytes
@@ -347,13 +363,7 @@ class HttpStream:
         if not self.receipts.received(len(chunk)):
             raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
         await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
-        try:
-            await self.writable.wait(self.idle_sec)  # the browser reads slowly: hold this stream's credit
-        except TimeoutError:
-            raise DeviceTimeout("The browser stopped reading.") from None
-        owed = self.receipts.handed_on(len(chunk))
-        if owed:
-            await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
+        await self._handed_on(len(chunk))
 
 
 def _head_body(body: Any) -> bytes:

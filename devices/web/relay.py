@@ -579,7 +579,8 @@ class RelayLink(streams.QueueLink):
             await self._open_via_layer(method, params)
             return
         try:
-            answer = await asyncio.wait_for(super().receive(), OPEN_SEC)
+            async with asyncio.timeout(OPEN_SEC):  # not wait_for: see devices.web.http.HttpStream._download
+                answer = await super().receive()
         except TimeoutError:
             connection.links.pop(self.stream, None)
             raise streams.LinkLost("the relay did not answer") from None

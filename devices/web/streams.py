@@ -253,7 +253,8 @@ class Credit:
         cost = self.cost(size)
         while self.available < cost:
             self.changed.clear()
-            await asyncio.wait_for(self.changed.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see devices.web.http.HttpStream._download
+                await self.changed.wait()
         self.available -= cost
 
 

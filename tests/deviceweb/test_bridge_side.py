@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.server import serve
 
 from clients import protocol
-from clients.bridge.web import WebForwarder
+from clients.bridge.web import HttpStream, WebForwarder
 from clients.common.credentials import Credential, save_credential
 from tests.deviceweb.support import client_env, web_port
 from tests.e2e_support import Process
@@ -305,3 +305,18 @@ async def test_a_response_that_says_close_is_not_kept():
     finally:
         await forwarder.close()
         server.close()
+
+
+async def test_a_stream_cancelled_in_the_turn_its_wait_ends_still_ends():
+    """asyncio.wait_for (before 3.12) lost such a cancellation: the stream went on, waiting for credit for
+    IDLE_TIMEOUT (five minutes) after the platform had reset it."""
+    async def at_once() -> str:  # as reader.ready() when data waits already
+        return "here"
+
+    forwarder, _ = recording_forwarder(web_port())
+    stream = HttpStream(forwarder, "s", {"port": 0})
+    waiting = asyncio.ensure_future(stream._wait(at_once, "anything"))
+    await asyncio.sleep(0)  # the stream waits; what it waits for ends in the next turn of the loop ...
+    waiting.cancel()  # ... the same turn as this cancellation
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled()

@@ -1,5 +1,6 @@
 """Slow start of a device-web response (clients/protocol.py): a small first credit, the body's first bytes in
-the head's frame, the rest of the window granted once the head is out. Both ends, without processes."""
+the head's frame, the rest of the window granted once the head is out. Both ends, without processes; and the
+platform's stream ending when it is cancelled as a frame arrives."""
 
 from __future__ import annotations
 
@@ -103,6 +104,11 @@ async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_t
                              >= len(BODY))
         assert "body" not in platform.response("old")
         assert sum(cost(f[3]) for f in platform.data) > FIRST
+
+        # A first credit too small for one frame: the head goes alone (it does not wait for credit).
+        forwarder.handle(protocol.WEB_OPEN, dict(request, stream="tiny", first_credit=1))
+        await platform.until(lambda: platform.response("tiny") is not None)
+        assert "body" not in platform.response("tiny")
     finally:
         await forwarder.close()
         server.close()
@@ -208,3 +214,18 @@ async def test_first_bytes_past_the_credit_or_not_base64_reset_the_stream(monkey
 
     link, browser = await _browser_sees(monkeypatch, capabilities, garbled)
     assert browser[0]["status"] == 502 and b"not base64" in browser[1]["body"]
+
+
+async def test_a_download_cancelled_in_the_turn_a_frame_arrives_still_ends():
+    """The browser left: the stream cancels its download. asyncio.wait_for (Python 3.11) handed the download the
+    frame that arrived in the same turn and lost the cancellation: it lived on until its first-byte timeout."""
+    link = FakeLink()
+    device = SimpleNamespace(pk=uuid.uuid4(), capabilities=[])
+    stream = web_http.HttpStream({"type": "http", "method": "GET", "path": "/"}, None, None, device, 20001)
+    stream.link, stream.receipts, stream.credit = link, streams.Receipts(WINDOW), streams.Credit(WINDOW)
+    download = asyncio.ensure_future(stream._download())
+    await asyncio.sleep(0)  # the download waits for the device's next frame ...
+    link.reply(protocol.WEB_CREDIT, bytes=1)  # ... which arrives in the same turn as the cancellation
+    download.cancel()
+    await asyncio.wait([download], timeout=5)
+    assert download.cancelled()
