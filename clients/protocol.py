@@ -201,10 +201,11 @@ def _dump(message: Message) -> str:
 #     cost credit as one data frame, and the web.data after them still count seq from 0;
 #   - the platform writes the head (with those bytes) to the browser, then grants the rest of the window in one
 #     web.credit.
-# Until credit comes back, the device reads ahead from the local server only what that first credit covers. So
-# the head goes to the browser while the two processes of a big download are not yet flooding each other with
-# its body, one CPU-bound core each. A device without the capability (an older bridge) gets no first_credit and
-# starts with the whole window; a platform that sends none (an older one) gets the old behaviour.
+# Until credit comes back, the device reads ahead from the local server at most 2 * WEB_FIRST_BODY_BYTES. So the
+# head goes to the browser while the two processes of a big download are not yet flooding each other with its
+# body, one CPU-bound core each. First bytes that the first credit would not cover stay out of the head. A
+# device without the capability (an older bridge) gets no first_credit and starts with the whole window; a
+# platform that sends none (an older one) gets the old behaviour.
 # Flow control: each side may have at most WEB_WINDOW_BYTES of a stream's data in flight; a frame
 # costs web_frame_cost(len(payload)) and the receiver returns credit as it hands data on. A slow
 # reader therefore stalls only its own stream, and no stream has more than WEB_WINDOW_BYTES /
