@@ -297,8 +297,8 @@ class HttpStream:
                     await self._finish(body)
                     return
                 # Slow start: the body's first bytes may come with the head (they used credit as a data frame).
-                if body and not self.receipts.received(len(body)):
-                    raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
+                if body:
+                    self._received(len(body))
                 await self._start(params, body)
             elif method == protocol.WEB_DATA and self.started:
                 if params.get("seq") != expected:
@@ -352,29 +352,31 @@ class HttpStream:
         if owed:
             await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
 
+    def _received(self, size: int) -> None:
+        """The device sent ``size`` body bytes: within its credit, or the stream is reset."""
+        if not self.receipts.received(size):
+            raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
+
     async def _body(self, params: dict[str, Any]) -> None:
         chunk = params.get("raw")  # a binary frame's bytes
         if not isinstance(chunk, bytes):
-            try:
-                chunk = base64.b64decode(params.get("data") or "", validate=True)
-            except (binascii.Error, ValueError, TypeError):
-                raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
-                                           "detail": "the device sent data that is not base64"}) from None
-        if not self.receipts.received(len(chunk)):
-            raise streams.reset_error({"reason": protocol.WEB_RESET_FLOW, "detail": "more data than credit"})
+            chunk = _base64(params.get("data") or "", "data")
+        self._received(len(chunk))
         await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
         await self._handed_on(len(chunk))
 
 
 def _head_body(body: Any) -> bytes:
     """The body bytes a web.response carries (base64; none when absent)."""
-    if not isinstance(body, str):
-        return b""
+    return _base64(body, "a body") if isinstance(body, str) else b""
+
+
+def _base64(value: Any, what: str) -> bytes:
     try:
-        return base64.b64decode(body, validate=True)
-    except (binascii.Error, ValueError):
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError, TypeError):
         raise streams.reset_error({"reason": protocol.WEB_RESET_UPSTREAM_ERROR,
-                                   "detail": "the device sent a body that is not base64"}) from None
+                                   "detail": f"the device sent {what} that is not base64"}) from None
 
 
 def http_application() -> Any:
