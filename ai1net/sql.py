@@ -96,16 +96,17 @@ def insert_if(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
 
 
 @functools.cache
-def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...]) -> tuple[str, list[tuple[Any, list, Any]]]:
+def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...],
+                     also: str = "") -> tuple[str, list[tuple[Any, list, Any]]]:
     qn, meta = connection.ops.quote_name, model._meta
     plan = []
     for field in meta.concrete_fields:
         col = field.get_col(meta.db_table)
         plan.append((field, connection.ops.get_db_converters(col) + col.get_db_converters(connection), col))
     where = " AND ".join(f"{qn(meta.get_field(name).column)} = %s" for name in columns)
-    # Names from the model's _meta, values as parameters.
-    sql = (f"SELECT {', '.join(qn(field.column) for field, _, _ in plan)} FROM {qn(meta.db_table)} "  # noqa: S608
-           f"WHERE {where}")
+    selected = ", ".join([*(qn(field.column) for field, _, _ in plan), *([f"({also})"] if also else [])])
+    # Names from the model's _meta (and the caller's written expression), values as parameters.
+    sql = f"SELECT {selected} FROM {qn(meta.db_table)} WHERE {where}"  # noqa: S608
     return sql, plan
 
 
@@ -113,19 +114,27 @@ def one_by(model: type, **values: Any) -> Any:
     """``model.objects.filter(**values).first()`` for an equality lookup that names at most one row (a
     primary key, a unique set of columns), as one statement written out once per shape: on the hot
     paths, Django compiling such a read cost more than the database took to answer it."""
+    return one_by_also(model, "", [], **values)[0]
+
+
+def one_by_also(model: type, also: str, also_params: list[Any], **values: Any) -> tuple[Any, Any]:
+    """``one_by`` and, in the same statement, one more value about that row: ``also``, a written SQL
+    expression (it may name the model's table, e.g. in an EXISTS) whose parameters come first. Returns
+    (the object or None, the value or None)."""
     names = tuple(values)
-    sql, plan = _by_columns_plan(connection.vendor, model, names)
+    sql, plan = _by_columns_plan(connection.vendor, model, names, also)
     meta = model._meta
     params = [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), connection)
               for name, value in values.items()]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*also_params, *params])
         row = cursor.fetchone()
     if row is None:
-        return None
+        return None, None
     converted = []
-    for value, (_field, converters, col) in zip(row, plan, strict=True):
+    for value, (_field, converters, col) in zip(row, plan, strict=False):
         for converter in converters:
             value = converter(value, col, connection)
         converted.append(value)
-    return model.from_db(connection.alias, [field.attname for field, _, _ in plan], converted)
+    obj = model.from_db(connection.alias, [field.attname for field, _, _ in plan], converted)
+    return obj, (row[len(plan)] if also else None)

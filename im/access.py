@@ -14,7 +14,10 @@ def otp_satisfied(user: Any, session: Any) -> bool:
 
 
 def http_otp_satisfied(request: Any) -> bool:
+    """For an HTTP request, at its start: the session's user was read with whether they need a second
+    factor (``User.needs_otp_at_load``), so that is not asked again."""
     user = request.user
-    if not user_needs_otp(user):
+    needs_otp = getattr(user, "needs_otp_at_load", None)
+    if not (user_needs_otp(user) if needs_otp is None else needs_otp):
         return True
     return bool(getattr(user, "is_verified", lambda: False)())

@@ -62,22 +62,25 @@ def user_needs_otp(user: User) -> bool:
     Every phone request asks this, so it is one statement written out once: Django compiling the same
     EXISTS pair cost about four times what the database took to answer it (bench/roundtrip.py)."""
     with connection.cursor() as cursor:
-        cursor.execute(_needs_otp_sql(connection.vendor), [user.pk, True, user.pk, True])
+        cursor.execute(f"SELECT {needs_otp_sql(connection.vendor, '%s')}", [True, user.pk, True, user.pk])
         row = cursor.fetchone()
     return bool(row and row[0])
 
 
 @functools.cache
-def _needs_otp_sql(vendor: str) -> str:
+def needs_otp_sql(vendor: str, user_id: str) -> str:
+    """``user_needs_otp`` as an SQL expression about the user whose id is ``user_id`` (a placeholder, or a
+    column of an outer query); its parameters: True, then the id when it is a placeholder, twice over."""
     qn = connection.ops.quote_name
     totp, device, code = TOTPDevice._meta, BackupCodeDevice._meta, BackupCode._meta
-    # Names from the models' _meta, values as parameters.
+    # Names from the models' _meta and the caller's written column, values as parameters.
     return (
-        f"SELECT EXISTS (SELECT 1 FROM {qn(totp.db_table)} WHERE {qn(totp.get_field('user').column)} = %s"  # noqa: S608
-        f" AND {qn(totp.get_field('confirmed').column)} = %s)"
+        f"EXISTS (SELECT 1 FROM {qn(totp.db_table)} WHERE {qn(totp.get_field('confirmed').column)} = %s"  # noqa: S608
+        f" AND {qn(totp.get_field('user').column)} = {user_id})"
         f" OR EXISTS (SELECT 1 FROM {qn(device.db_table)} d JOIN {qn(code.db_table)} c"
         f" ON c.{qn(code.get_field('device').column)} = d.{qn(device.pk.column)}"
-        f" WHERE d.{qn(device.get_field('user').column)} = %s AND d.{qn(device.get_field('confirmed').column)} = %s)"
+        f" WHERE d.{qn(device.get_field('confirmed').column)} = %s"
+        f" AND d.{qn(device.get_field('user').column)} = {user_id})"
     )
 
 

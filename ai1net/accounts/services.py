@@ -57,29 +57,46 @@ def audit_hash(*, prev_hash: str, created_at: dt.datetime, action: str, actor_la
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def audit_hash_around(*, created_at: dt.datetime, action: str, actor_label: str, subject_label: str,
+                      data: dict[str, Any], ip: str) -> tuple[str, str]:
+    """``audit_hash``'s canonical text before and after the previous hash: for a hex ``prev_hash``,
+    ``audit_hash(...) == sha256(before + prev_hash + after)``, so the database can hash an entry onto a
+    head it has just locked. The keys sort as action, actor, at, data, ip, prev, subject."""
+    stamp = created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    up_to_prev = json.dumps({"at": stamp, "action": action, "actor": actor_label, "data": data, "ip": ip},
+                            sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    subject = json.dumps(subject_label, ensure_ascii=False)
+    return f'{up_to_prev[:-1]},"prev":"', f'","subject":{subject}}}'
+
+
 def audit_record(*, actor: User | None, action: str, subject: User | None = None, data: dict[str, Any],
                  ip: str | None = None) -> AuditEntry:
     """Append one entry to the hash-chained audit log. Safe to call inside the caller's transaction.
 
-    Appends are serialised so the chain never forks: the first statement takes the chain head's row
-    lock (``AuditHead``) and reads the newest hash with it; the second inserts the entry and moves the
-    head (one statement on PostgreSQL). The lock is held until the caller's transaction commits, so
-    callers append last, just before they commit. ``prev_hash`` is unique as well, should anything
-    else ever write the table. No savepoint of its own: an error fails the caller's write too, which
-    is what an audited write wants. (Before: an advisory lock, a read of the newest entry and an ORM
-    insert, five statements with the savepoint, and Django compiling two of them on every append.)
+    Appends are serialised so the chain never forks: an append takes the chain head's row lock
+    (``AuditHead``) with the statement that reads the newest hash. On PostgreSQL that one statement also
+    hashes the entry onto it (``sha256`` in the database, over ``audit_hash_around``), inserts the entry
+    and moves the head; elsewhere the lock and read are one statement and the insert and move two more.
+    The lock is held until the caller's transaction commits, so callers append last, just before they
+    commit. ``prev_hash`` is unique as well, should anything else ever write the table. No savepoint of
+    its own: an error fails the caller's write too, which is what an audited write wants.
     """
     # Round-trip through JSON so the hash is computed over exactly what the database will return.
     data = json.loads(json.dumps(data, default=str))
+    fields = {
+        "created_at": timezone.now(), "action": action, "actor_label": _label(actor),
+        "subject_label": _label(subject), "data": data, "ip": ip or "",
+    }
+    entry = AuditEntry(actor=actor, subject=subject, **fields)
     with transaction.atomic(savepoint=False):
-        prev_hash = _audit_head_lock()
-        fields = {
-            "created_at": timezone.now(), "action": action, "actor_label": _label(actor),
-            "subject_label": _label(subject), "data": data, "ip": ip or "",
-        }
-        entry = AuditEntry(actor=actor, subject=subject, prev_hash=prev_hash,
-                           hash=audit_hash(prev_hash=prev_hash, **fields), **fields)
-        entry.pk = _audit_append(entry)
+        appended = _audit_append_here(entry, *audit_hash_around(**fields)) if connection.vendor == "postgresql" \
+            else None
+        if appended is None:
+            entry.prev_hash = _audit_head_lock()
+            entry.hash = audit_hash(prev_hash=entry.prev_hash, **fields)
+            entry.pk = _audit_append(entry)
+        else:
+            entry.pk, entry.prev_hash, entry.hash = appended
         entry._state.adding = False
         entry._state.db = connection.alias
     return entry
@@ -97,35 +114,61 @@ def _audit_head_lock() -> str:
         row = cursor.fetchone()
         if row is None:
             newest = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first()
-            cursor.execute(f"INSERT INTO {qn(head.db_table)} ({qn(head.pk.column)}, {qn('hash')}) "  # noqa: S608
-                           f"VALUES (%s, %s) ON CONFLICT ({qn(head.pk.column)}) DO NOTHING",
+            cursor.execute(f"INSERT INTO {qn(head.db_table)} ({qn(head.pk.column)}, {qn('hash')}, "  # noqa: S608
+                           f"{qn('prev_hash')}) VALUES (%s, %s, '') ON CONFLICT ({qn(head.pk.column)}) DO NOTHING",
                            [_AUDIT_HEAD_ID, newest or AuditEntry.GENESIS])
             cursor.execute(lock, [_AUDIT_HEAD_ID])  # a concurrent seeder's row: wait for its commit
             row = cursor.fetchone()
     return row[0]
 
 
+def _entry_columns() -> tuple[list[Any], list[Any]]:
+    """AuditEntry's columns an append writes: the entry's own, then the two hashes."""
+    own = [f for f in AuditEntry._meta.concrete_fields if not f.primary_key and f.name not in ("prev_hash", "hash")]
+    return own, [AuditEntry._meta.get_field("prev_hash"), AuditEntry._meta.get_field("hash")]
+
+
+def _audit_append_here(entry: AuditEntry, before: str, after: str) -> tuple[int, str, str] | None:
+    """PostgreSQL: lock the head, hash ``entry`` onto it, insert it and move the head, in one statement.
+    Returns (id, prev_hash, hash), or None when there is no head row yet (``_audit_head_lock`` seeds it).
+    The UPDATE's SET reads the row as it was, so ``prev_hash = hash`` keeps the hash it replaces; under
+    a concurrent append it waits for that commit and hashes onto the head as committed."""
+    qn, meta, head = connection.ops.quote_name, AuditEntry._meta, AuditHead._meta
+    own, hashes = _entry_columns()
+    values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in own]
+    columns = ", ".join(qn(f.column) for f in [*own, *hashes])
+    # Names from the models' _meta, values as parameters.
+    statement = (
+        f"WITH moved AS (UPDATE {qn(head.db_table)} SET {qn('prev_hash')} = {qn('hash')}, "  # noqa: S608
+        f"{qn('hash')} = encode(sha256(convert_to(%s::text || {qn('hash')} || %s::text, 'UTF8')), 'hex') "
+        f"WHERE {qn(head.pk.column)} = %s RETURNING {qn('prev_hash')}, {qn('hash')}) "
+        f"INSERT INTO {qn(meta.db_table)} ({columns}) "
+        f"SELECT {', '.join(['%s'] * len(own))}, moved.{qn('prev_hash')}, moved.{qn('hash')} FROM moved "
+        f"RETURNING {qn(meta.pk.column)}, {qn('prev_hash')}, {qn('hash')}")
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [before, after, _AUDIT_HEAD_ID, *values])
+        row = cursor.fetchone()
+    return None if row is None else (int(row[0]), row[1], row[2])
+
+
 def _audit_append(entry: AuditEntry) -> int:
-    """Insert ``entry`` and make its hash the head's; returns its id."""
+    """Insert ``entry`` (hashed already) and make its hash the head's; returns its id."""
     qn, meta, head = connection.ops.quote_name, AuditEntry._meta, AuditHead._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
     values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in fields]
     # Names from the models' _meta, values as parameters.
     insert = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "  # noqa: S608
               f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {qn(meta.pk.column)}")
-    move = f"UPDATE {qn(head.db_table)} SET {qn('hash')} = %s WHERE {qn(head.pk.column)} = %s"  # noqa: S608
+    move = (f"UPDATE {qn(head.db_table)} SET {qn('prev_hash')} = %s, {qn('hash')} = %s "  # noqa: S608
+            f"WHERE {qn(head.pk.column)} = %s")
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":  # one round trip
-            both = f"WITH appended AS ({insert}), moved AS ({move}) SELECT {qn(meta.pk.column)} FROM appended"  # noqa: S608
-            cursor.execute(both, [*values, entry.hash, _AUDIT_HEAD_ID])
-            return int(cursor.fetchone()[0])
         if connection.features.can_return_columns_from_insert:
             cursor.execute(insert, values)
             entry_id = int(cursor.fetchone()[0])
         else:
             cursor.execute(insert.rsplit(" RETURNING ", 1)[0], values)
             entry_id = int(connection.ops.last_insert_id(cursor, meta.db_table, meta.pk.column))
-        cursor.execute(move, [entry.hash, _AUDIT_HEAD_ID])
+        cursor.execute(move, [entry.prev_hash, entry.hash, _AUDIT_HEAD_ID])
     return entry_id
 
 

@@ -178,18 +178,39 @@ def test_concurrent_appends_never_fork_the_chain(user):
 
 
 def test_the_chain_head_follows_every_append_and_reseeds_itself(user, django_assert_num_queries):
-    """``AuditHead`` holds the newest hash; an append reads and locks it with one statement and moves it
-    with one more (PostgreSQL; SQLite takes one more for the move). A missing head (first append, or
-    flushed tables) is seeded from the newest entry, so the chain goes on unbroken."""
+    """``AuditHead`` holds the newest hash. On PostgreSQL an append is one statement (lock the head, hash
+    the entry onto it in the database, insert, move the head); elsewhere the lock and read are one and the
+    insert and move two more. A missing head (first append, or flushed tables) is seeded from the newest
+    entry, so the chain goes on unbroken."""
     from ai1net.accounts.models import AuditHead
 
     entries = _make_chain(user, n=2)
     assert AuditHead.objects.get().hash == entries[-1].hash
-    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 3):
-        entry = services.audit_record(actor=user, action="test.event", data={"n": 3})
+    with django_assert_num_queries(1 if connection.vendor == "postgresql" else 3):
+        entry = services.audit_record(actor=user, action="test.event", data={"n": 3, "text": 'ü "q" \\ \u2028'},
+                                      ip="::1")
     assert entry.pk and entry.prev_hash == entries[-1].hash
-    assert AuditEntry.objects.get(pk=entry.pk).hash == entry.hash == AuditHead.objects.get().hash
+    stored = AuditEntry.objects.get(pk=entry.pk)
+    assert stored.hash == entry.hash == AuditHead.objects.get().hash and stored.prev_hash == entry.prev_hash
+    assert entry.hash == services.audit_hash(prev_hash=entry.prev_hash, created_at=stored.created_at,
+                                             action=stored.action, actor_label=stored.actor_label,
+                                             subject_label=stored.subject_label, data=stored.data, ip=stored.ip)
     AuditHead.objects.all().delete()
     again = services.audit_record(actor=None, action="test.event", data={})
     assert again.prev_hash == entry.hash
     assert selectors.audit_chain_verify() == (4, None)
+
+
+@pytest.mark.parametrize("data", [{}, {"n": 1, "nested": {"b": [1, "two"], "a": None}},
+                                  {"text": 'ünï "quoted" \\ back\nslash \u2028 \U0001f600', "z": 1.5}])
+def test_the_hash_around_the_previous_hash_is_the_entrys_hash(data):
+    """The text PostgreSQL hashes an entry onto the locked head with is audit_hash's own canonical text."""
+    import datetime as dt
+    import hashlib
+
+    fields = {"created_at": dt.datetime(2026, 12, 5, 1, 2, 3, 456789, tzinfo=dt.UTC), "action": "test.event",
+              "actor_label": 'al"ice (#1)', "subject_label": "bøb (#2)", "data": data, "ip": "::1"}
+    before, after = services.audit_hash_around(**fields)
+    for prev in (AuditEntry.GENESIS, hashlib.sha256(b"x").hexdigest()):
+        assert hashlib.sha256((before + prev + after).encode()).hexdigest() == services.audit_hash(
+            prev_hash=prev, **fields)

@@ -272,6 +272,42 @@ def test_user_needs_otp_in_one_statement(mobile_user, django_assert_num_queries)
 
 
 @pytest.mark.django_db
+def test_the_sessions_user_comes_with_whether_they_need_otp(mobile_user, django_assert_num_queries, rf):
+    """``User.objects.get(pk=...)`` (the session's user) answers user_needs_otp in the same statement, and an
+    HTTP request's check at its start uses that answer instead of a statement of its own."""
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    from ai1net.accounts.models import BackupCode, BackupCodeDevice, User
+    from im.access import http_otp_satisfied
+
+    def loaded() -> User:
+        with django_assert_num_queries(1):
+            return User.objects.get(pk=mobile_user.pk)
+
+    request = rf.get("/")
+    request.user = loaded()
+    assert request.user.needs_otp_at_load is False and request.user.username == mobile_user.username
+    with django_assert_num_queries(0):
+        assert http_otp_satisfied(request) is True
+    codes = BackupCodeDevice.objects.create(user=mobile_user, name="Backup codes", confirmed=True)
+    BackupCode.objects.create(device=codes, code_hash="x" * 64)
+    assert loaded().needs_otp_at_load is True
+    BackupCode.objects.all().delete()
+    TOTPDevice.objects.create(user=mobile_user, name="phone", confirmed=True)
+    request.user = loaded()
+    assert request.user.needs_otp_at_load is True
+    request.user.is_verified = lambda: False
+    with django_assert_num_queries(0):
+        assert http_otp_satisfied(request) is False
+    # Read any other way, the user carries no answer and the check asks the database.
+    request.user = User.objects.filter(pk=mobile_user.pk).first()
+    request.user.is_verified = lambda: False
+    assert request.user.needs_otp_at_load is None
+    with django_assert_num_queries(1):
+        assert http_otp_satisfied(request) is False
+
+
+@pytest.mark.django_db
 def test_one_by_reads_what_the_orm_reads(bridge, django_assert_num_queries):
     from mobile.models import AgentSession
 
