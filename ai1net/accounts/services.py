@@ -45,10 +45,14 @@ def _label(user: User | None) -> str:
     return f"{user.get_username()} (#{user.pk})" if user is not None else ""
 
 
+def _audit_stamp(created_at: dt.datetime) -> str:
+    return created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def audit_hash(*, prev_hash: str, created_at: dt.datetime, action: str, actor_label: str, subject_label: str,
                data: dict[str, Any], ip: str) -> str:
     """SHA-256 over canonical JSON of the entry's fields plus the previous entry's hash."""
-    stamp = created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = _audit_stamp(created_at)
     canonical = json.dumps(
         {"prev": prev_hash, "at": stamp, "action": action, "actor": actor_label, "subject": subject_label,
          "data": data, "ip": ip},
@@ -62,7 +66,7 @@ def audit_hash_around(*, created_at: dt.datetime, action: str, actor_label: str,
     """``audit_hash``'s canonical text before and after the previous hash: for a hex ``prev_hash``,
     ``audit_hash(...) == sha256(before + prev_hash + after)``, so the database can hash an entry onto a
     head it has just locked. The keys sort as action, actor, at, data, ip, prev, subject."""
-    stamp = created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = _audit_stamp(created_at)
     up_to_prev = json.dumps({"at": stamp, "action": action, "actor": actor_label, "data": data, "ip": ip},
                             sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     subject = json.dumps(subject_label, ensure_ascii=False)
