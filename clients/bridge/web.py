@@ -485,12 +485,13 @@ class HttpStream(_Stream):
     async def _first_bytes(self, reader: Upstream, framing: Tuple[str, int], head: Dict[str, Any]
                            ) -> Tuple[str, int]:
         """Slow start: the body bytes already here ride in ``head`` (at most WEB_FIRST_BODY_BYTES, no wait), and
-        reading ahead stops at twice that until the platform returns credit. The framing of the rest of the body."""
+        reading ahead stops at WEB_SLOW_START_READ_AHEAD until the platform returns credit. The framing of the rest
+        of the body."""
         kind, remaining = framing
         size = min(reader.buffered, protocol.WEB_FIRST_BODY_BYTES)
         if kind == "length":
             size = min(size, remaining)
-        reader.limit_reading(2 * protocol.WEB_FIRST_BODY_BYTES)  # no credit can have come back before the head
+        reader.limit_reading(protocol.WEB_SLOW_START_READ_AHEAD)  # no credit can have come back before the head
         self.held_back = reader
         if size > 0 and self.credit >= protocol.web_frame_cost(size, self.window):  # else the head goes alone
             await self.take_credit(size)

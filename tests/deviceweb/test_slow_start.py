@@ -83,7 +83,7 @@ async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_t
         await asyncio.sleep(0.3)
         assert cost(first_bytes) + sum(cost(f[3]) for f in platform.data) <= FIRST
         stream = forwarder.streams["s"]
-        assert stream.held_back is not None and stream.held_back.buffered <= 4 * protocol.WEB_FIRST_BODY_BYTES
+        assert stream.held_back is not None and stream.held_back.buffered <= 2 * protocol.WEB_SLOW_START_READ_AHEAD
 
         # The grant: the rest of the window. The body goes on under the window as usual, seq from 0.
         forwarder.handle(protocol.WEB_CREDIT, {"stream": "s", "bytes": WINDOW - FIRST})
