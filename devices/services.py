@@ -594,13 +594,16 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
     device's connection when it lives in this process: ``devices.live``)."""
     if not items:
         return []
+    conn = transaction.get_connection()
+    # On PostgreSQL one round trip: the seqs' UPDATE and the rows' INSERT in one statement. Outside a
+    # transaction that statement commits by itself, atomically, so it opens none: BEGIN and COMMIT would be
+    # two more round trips on every delivery's way (the callbacks below then run as it returns, committed).
+    inserted = conn.vendor == "postgresql" and len(items) <= _INSERT_BATCH
+    alone = inserted and conn.get_autocommit() and not conn.in_atomic_block
     # No savepoint inside the caller's transaction (two round trips fewer per answer on PostgreSQL):
     # a failure here fails the caller's whole transaction, and no caller goes on after one.
-    with transaction.atomic(savepoint=False):
+    with contextlib.nullcontext() if alone else transaction.atomic(savepoint=False):
         now = timezone.now()
-        conn = transaction.get_connection()
-        # On PostgreSQL one round trip: the seqs' UPDATE and the rows' INSERT in one statement.
-        inserted = conn.vendor == "postgresql" and len(items) <= _INSERT_BATCH
         if inserted:
             end, channel_name = _allocate_and_insert_postgresql(conn, device.pk, items, now)
         else:

@@ -131,6 +131,26 @@ async def test_an_item_enqueued_in_this_process_is_sent_without_reading_it_back(
     await dev.close()
 
 
+def test_an_enqueue_outside_a_transaction_opens_none_on_postgresql(user):
+    """On PostgreSQL the seqs' UPDATE and the item's INSERT are one statement, which commits by itself: an enqueue
+    outside a transaction is that one round trip (no BEGIN, no COMMIT). Inside one, it joins it."""
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    device, _token = services.device_create(owner=user, name="d", kind="bridge")
+    with CaptureQueriesContext(connection) as captured:
+        services.outbox_enqueue(device=device, kind="k", payload={"n": 1})
+    sql = [query["sql"] for query in captured.captured_queries]
+    if connection.vendor == "postgresql":
+        assert len(sql) == 1 and "INSERT INTO" in sql[0], sql
+    assert OutboxItem.objects.get(device=device, seq=1).payload == {"n": 1}
+    with contextlib.suppress(RuntimeError), transaction.atomic():
+        services.outbox_enqueue(device=device, kind="k", payload={"n": 2})
+        raise RuntimeError("the caller's transaction fails")
+    assert not OutboxItem.objects.filter(device=device, seq=2).exists()
+    assert Device.objects.get(pk=device.pk).next_seq == 2
+
+
 def test_the_token_read_compiled_once_gives_what_the_orm_gives(user):
     from devices import selectors
 
