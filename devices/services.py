@@ -349,10 +349,11 @@ def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any], 
         fields["relay"] = relay
     # The same next_seq as read at connect: nothing was enqueued meanwhile (what is enqueued later reads
     # this connection as the live one: it is handed over, or its doorbell is sent to this channel).
-    with _presence_write():
+    with _presence_write() as relax_own_commit:
         changed = _device_update(fields, {"id": known.pk, "status": Device.Status.ACTIVE,
                                           "channel_name": known.channel_name, "next_seq": known.next_seq,
-                                          "connection_count": known.connection_count})
+                                          "connection_count": known.connection_count},
+                                 relax_own_commit=relax_own_commit)
         if not changed:
             return None
         device = copy.copy(known)
@@ -363,16 +364,21 @@ def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any], 
 
 
 @contextlib.contextmanager
-def _presence_write() -> Iterator[None]:
-    """A presence write: on PostgreSQL in a transaction of its own whose commit does not wait for the
-    WAL flush (``_relaxed_commit``); on SQLite autocommit as it was (its commits do not flush: WAL mode,
-    synchronous=NORMAL)."""
-    if transaction.get_connection().vendor != "postgresql":
-        yield
-        return
-    with transaction.atomic():
-        _relaxed_commit()
-        yield
+def _presence_write() -> Iterator[bool]:
+    """A presence write, whose commit on PostgreSQL does not wait for the WAL flush (``_relaxed_commit``).
+    Yields True where the write is one statement that relaxes its own commit (``_device_update``'s
+    ``relax_own_commit``): on PostgreSQL outside a transaction, one round trip instead of four (BEGIN,
+    SET LOCAL, the UPDATE, COMMIT). Inside the caller's transaction, in a nested one that relaxes the whole
+    commit, as before; on SQLite autocommit as it was (its commits do not flush: WAL mode, synchronous=NORMAL)."""
+    conn = transaction.get_connection()
+    if conn.vendor != "postgresql":
+        yield False
+    elif not conn.in_atomic_block:
+        yield True
+    else:
+        with transaction.atomic():
+            _relaxed_commit()
+            yield False
 
 
 def _relaxed_commit() -> None:
@@ -419,27 +425,35 @@ def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, 
     return device, older
 
 
-_UPDATE_SQL: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
+_UPDATE_SQL: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], str] = {}
 
 
-def _device_update(values: dict[str, Any], where: dict[str, Any]) -> int:
+def _device_update(values: dict[str, Any], where: dict[str, Any], *, relax_own_commit: bool = False) -> int:
     """``Device.objects.filter(**where).update(**values)`` (plain fields, equality only) with its SQL
     written once per shape: presence is written on every connect and close, and building the UPDATE
-    with the ORM cost more CPU than running it. Values are adapted by their fields; returns the row count."""
+    with the ORM cost more CPU than running it. Values are adapted by their fields; returns the row count.
+
+    ``relax_own_commit`` (PostgreSQL, outside a transaction: ``_presence_write``): the UPDATE as a
+    data-modifying CTE of a statement that also relaxes the commit of its own implicit transaction, as
+    SET LOCAL would (``_relaxed_commit``), the ack's way (``_ack_one_statement``)."""
     conn = transaction.get_connection()
-    key = (conn.vendor, tuple(values), tuple(where))
+    key = (conn.vendor, tuple(values), tuple(where), relax_own_commit)
     sql = _UPDATE_SQL.get(key)
     meta, quote = Device._meta, conn.ops.quote_name
     if sql is None:
         assignments = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in values)
         conditions = " AND ".join(f"{quote(meta.get_field(name).column)} = %s" for name in where)
         # Names from the model's _meta, values as parameters.
-        sql = _UPDATE_SQL[key] = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {conditions}"  # noqa: S608
+        sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {conditions}"  # noqa: S608
+        if relax_own_commit:
+            sql = (f"WITH changed AS ({sql} RETURNING 1) SELECT (SELECT count(*) FROM changed), "  # noqa: S608
+                   "set_config('synchronous_commit', 'off', true)")
+        _UPDATE_SQL[key] = sql
     params = [meta.get_field(name).get_db_prep_save(value, conn) for name, value in values.items()]
     params += [meta.get_field(name).get_db_prep_value(value, conn) for name, value in where.items()]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        return int(cursor.fetchone()[0]) if relax_own_commit else cursor.rowcount
 
 
 def device_disconnected(*, device_id: Any, channel_name: str, known: Device | None = None) -> Device | None:
@@ -448,8 +462,9 @@ def device_disconnected(*, device_id: Any, channel_name: str, known: Device | No
     ``known``: the device as the connection last had it; its presence is updated in memory instead of
     reading the row again (one statement)."""
     now = timezone.now()
-    changed = _device_update({"channel_name": "", "disconnected_at": now, "last_seen_at": now},
-                             {"id": device_id, "channel_name": channel_name})
+    with _presence_write() as relax_own_commit:
+        changed = _device_update({"channel_name": "", "disconnected_at": now, "last_seen_at": now},
+                                 {"id": device_id, "channel_name": channel_name}, relax_own_commit=relax_own_commit)
     if not changed:
         return None
     if known is not None and known.pk == device_id:
