@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import secrets
@@ -126,21 +127,25 @@ def _audit_head_lock() -> str:
     return row[0]
 
 
-def _entry_columns() -> tuple[list[Any], list[Any]]:
-    """AuditEntry's columns an append writes: the entry's own, then the two hashes."""
-    own = [f for f in AuditEntry._meta.concrete_fields if not f.primary_key and f.name not in ("prev_hash", "hash")]
-    return own, [AuditEntry._meta.get_field("prev_hash"), AuditEntry._meta.get_field("hash")]
-
-
 def _audit_append_here(entry: AuditEntry, before: str, after: str) -> tuple[int, str, str] | None:
     """PostgreSQL: lock the head, hash ``entry`` onto it, insert it and move the head, in one statement.
     Returns (id, prev_hash, hash), or None when there is no head row yet (``_audit_head_lock`` seeds it).
     The UPDATE's SET reads the row as it was, so ``prev_hash = hash`` keeps the hash it replaces; under
     a concurrent append it waits for that commit and hashes onto the head as committed."""
-    qn, meta, head = connection.ops.quote_name, AuditEntry._meta, AuditHead._meta
-    own, hashes = _entry_columns()
+    statement, own = _append_here_sql(connection.vendor)
     values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in own]
-    columns = ", ".join(qn(f.column) for f in [*own, *hashes])
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [before, after, _AUDIT_HEAD_ID, *values])
+        row = cursor.fetchone()
+    return None if row is None else (int(row[0]), row[1], row[2])
+
+
+@functools.cache
+def _append_here_sql(vendor: str) -> tuple[str, list[Any]]:
+    """``_audit_append_here``'s statement, and the entry's own fields it takes as parameters (in order)."""
+    qn, meta, head = connection.ops.quote_name, AuditEntry._meta, AuditHead._meta
+    own = [f for f in meta.concrete_fields if not f.primary_key and f.name not in ("prev_hash", "hash")]
+    columns = ", ".join(qn(f.column) for f in [*own, meta.get_field("prev_hash"), meta.get_field("hash")])
     # Names from the models' _meta, values as parameters.
     statement = (
         f"WITH moved AS (UPDATE {qn(head.db_table)} SET {qn('prev_hash')} = {qn('hash')}, "  # noqa: S608
@@ -149,10 +154,7 @@ def _audit_append_here(entry: AuditEntry, before: str, after: str) -> tuple[int,
         f"INSERT INTO {qn(meta.db_table)} ({columns}) "
         f"SELECT {', '.join(['%s'] * len(own))}, moved.{qn('prev_hash')}, moved.{qn('hash')} FROM moved "
         f"RETURNING {qn(meta.pk.column)}, {qn('prev_hash')}, {qn('hash')}")
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [before, after, _AUDIT_HEAD_ID, *values])
-        row = cursor.fetchone()
-    return None if row is None else (int(row[0]), row[1], row[2])
+    return statement, own
 
 
 def _audit_append(entry: AuditEntry) -> int:
