@@ -462,9 +462,10 @@ def device_disconnected(*, device_id: Any, channel_name: str, known: Device | No
     ``known``: the device as the connection last had it; its presence is updated in memory instead of
     reading the row again (one statement)."""
     now = timezone.now()
-    with _presence_write() as relax_own_commit:
-        changed = _device_update({"channel_name": "", "disconnected_at": now, "last_seen_at": now},
-                                 {"id": device_id, "channel_name": channel_name}, relax_own_commit=relax_own_commit)
+    # A durable commit, unlike the hello's: a device that does not come back never says this again, and a lost
+    # write would leave it online.
+    changed = _device_update({"channel_name": "", "disconnected_at": now, "last_seen_at": now},
+                             {"id": device_id, "channel_name": channel_name})
     if not changed:
         return None
     if known is not None and known.pk == device_id:
