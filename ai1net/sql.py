@@ -132,7 +132,7 @@ def one_by_also(model: type, also: str, also_params: list[Any], **values: Any) -
     if row is None:
         return None, None
     converted = []
-    for value, (_field, converters, col) in zip(row, plan, strict=False):
+    for value, (_field, converters, col) in zip(row[:len(plan)], plan, strict=True):
         for converter in converters:
             value = converter(value, col, connection)
         converted.append(value)

@@ -29,12 +29,12 @@ class UserManager(auth_models.UserManager):
             pk = model._meta.pk.to_python(kwargs["pk"])
         except ValidationError:
             return super().get(*args, **kwargs)  # the ORM's own error for it
-        from ai1net.accounts.selectors import needs_otp_sql
+        from ai1net.accounts.selectors import NEEDS_OTP_PARAMS_FOR_COLUMN, needs_otp_sql
 
         qn = connection.ops.quote_name
         user, needs_otp = sql.one_by_also(
             model, needs_otp_sql(connection.vendor, f"{qn(model._meta.db_table)}.{qn(model._meta.pk.column)}"),
-            [True, True], **{model._meta.pk.name: pk})
+            [*NEEDS_OTP_PARAMS_FOR_COLUMN], **{model._meta.pk.name: pk})
         if user is None:
             raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
         user.needs_otp_at_load = bool(needs_otp)

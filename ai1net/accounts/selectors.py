@@ -67,20 +67,25 @@ def user_needs_otp(user: User) -> bool:
     return bool(row and row[0])
 
 
+# needs_otp_sql's parameters when ``user_id`` is a column of the outer query.
+NEEDS_OTP_PARAMS_FOR_COLUMN = (True, True)
+
+
 @functools.cache
 def needs_otp_sql(vendor: str, user_id: str) -> str:
     """``user_needs_otp`` as an SQL expression about the user whose id is ``user_id`` (a placeholder, or a
-    column of an outer query); its parameters: True, then the id when it is a placeholder, twice over."""
+    column of an outer query, which must not use the aliases otp_b and otp_c); its parameters: True, then the id
+    when it is a placeholder, twice over (for a column: NEEDS_OTP_PARAMS_FOR_COLUMN)."""
     qn = connection.ops.quote_name
     totp, device, code = TOTPDevice._meta, BackupCodeDevice._meta, BackupCode._meta
     # Names from the models' _meta and the caller's written column, values as parameters.
     return (
         f"EXISTS (SELECT 1 FROM {qn(totp.db_table)} WHERE {qn(totp.get_field('confirmed').column)} = %s"  # noqa: S608
         f" AND {qn(totp.get_field('user').column)} = {user_id})"
-        f" OR EXISTS (SELECT 1 FROM {qn(device.db_table)} d JOIN {qn(code.db_table)} c"
-        f" ON c.{qn(code.get_field('device').column)} = d.{qn(device.pk.column)}"
-        f" WHERE d.{qn(device.get_field('confirmed').column)} = %s"
-        f" AND d.{qn(device.get_field('user').column)} = {user_id})"
+        f" OR EXISTS (SELECT 1 FROM {qn(device.db_table)} otp_b JOIN {qn(code.db_table)} otp_c"
+        f" ON otp_c.{qn(code.get_field('device').column)} = otp_b.{qn(device.pk.column)}"
+        f" WHERE otp_b.{qn(device.get_field('confirmed').column)} = %s"
+        f" AND otp_b.{qn(device.get_field('user').column)} = {user_id})"
     )
 
 

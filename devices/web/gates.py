@@ -37,8 +37,8 @@ from django.utils.crypto import constant_time_compare
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from ai1net import hosts
-from ai1net.accounts.models import BackupCode, BackupCodeDevice, User
-from ai1net.accounts.selectors import device_web_active, otp_session_ok
+from ai1net.accounts.models import BackupCodeDevice, User
+from ai1net.accounts.selectors import NEEDS_OTP_PARAMS_FOR_COLUMN, device_web_active, needs_otp_sql, otp_session_ok
 from ai1net.db_threads import DatabaseThreads, default_count
 from ai1net.exceptions import ApplicationError, Forbidden, NotAuthenticated, NotFound, Unavailable
 from clients import protocol
@@ -135,14 +135,11 @@ def _fast_sql(vendor: str) -> str:
     """The query of ``device_web_fast`` for this database vendor, built once (quoting from the backend)."""
     q = connection.ops.quote_name
     device, user, session = Device._meta, User._meta, Session._meta
-    totp, backup, code = TOTPDevice._meta, BackupCodeDevice._meta, BackupCode._meta
     columns = ", ".join(f"d.{q(device.get_field(name).column)}" for name in _DEVICE_FIELDS)
     users = ", ".join(f"u.{q(user.get_field(name).column)}" for name in _USER_FIELDS)
+    needs_otp = needs_otp_sql(vendor, f"d.{q(device.get_field('owner').column)}")
     return (
-        f"SELECT {columns}, {users}, s.{q('session_data')}, "  # noqa: S608 - names from _meta, values are parameters
-        f"(EXISTS (SELECT 1 FROM {q(totp.db_table)} t WHERE t.{q('user_id')} = d.{q('owner_id')} "
-        f"AND t.{q('confirmed')}) OR EXISTS (SELECT 1 FROM {q(backup.db_table)} b INNER JOIN {q(code.db_table)} c "
-        f"ON c.{q('device_id')} = b.{q('id')} WHERE b.{q('user_id')} = d.{q('owner_id')} AND b.{q('confirmed')})) "
+        f"SELECT {columns}, {users}, s.{q('session_data')}, ({needs_otp}) "  # noqa: S608 - names from _meta
         f"FROM {q(session.db_table)} s, {q(device.db_table)} d INNER JOIN {q(user.db_table)} u "
         f"ON u.{q('id')} = d.{q('owner_id')} "
         f"WHERE s.{q('session_key')} = %s AND s.{q('expire_date')} > %s AND d.{q('id')} = %s"
@@ -164,7 +161,7 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
         return None
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
-        cursor.execute(_fast_sql(connection.vendor), [key, now, pk])
+        cursor.execute(_fast_sql(connection.vendor), [*NEEDS_OTP_PARAMS_FOR_COLUMN, key, now, pk])
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None
