@@ -38,11 +38,26 @@ _pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, collect
 _drainers: set[asyncio.Task] = set()
 
 
-# A queue's target is a group name, or one channel's name behind this prefix (":" is in no group name).
+# A queue's target is a group name, or one channel's name behind this prefix (":" is in no group name),
+# or (DIRECT_TARGET) a direct address and a channel's name, space-separated.
 CHANNEL_TARGET = "channel:"
+DIRECT_TARGET = "direct:"
+
+# Sends a message to a channel held by another process straight to that process, at a direct address the
+# sender read with the channel's name (devices.web.relay's stream relay): True when it took the message.
+# Registered by the app that keeps such connections; without one, or when it returns False, the layer does.
+direct_sender: Callable[[str, str, dict[str, Any]], Awaitable[bool]] | None = None
 
 
 async def _send(target: str, message: dict[str, Any]) -> None:
+    if target.startswith(DIRECT_TARGET):
+        address, _, channel = target[len(DIRECT_TARGET):].partition(" ")
+        try:
+            if direct_sender is not None and await direct_sender(address, channel, message):
+                return
+        except Exception:
+            logger.exception("could not send %s to %s directly", message.get("type"), channel)
+        target = CHANNEL_TARGET + channel
     layer = get_channel_layer()
     if layer is None:
         return
@@ -228,6 +243,8 @@ def group_send_now(group: str, message: dict[str, Any]) -> None:
             return
         except RuntimeError:  # the loop closed meanwhile
             pass
+    if group.startswith(DIRECT_TARGET):  # no daphne loop here to keep a direct connection on: the layer
+        group = CHANNEL_TARGET + group[len(DIRECT_TARGET):].partition(" ")[2]
     try:
         async_to_sync(_send)(group, message)
     except Exception:
@@ -239,7 +256,9 @@ def group_send_on_commit(group: str, message: dict[str, Any]) -> None:
     transaction.on_commit(lambda: group_send_now(group, message))
 
 
-def channel_send_on_commit(channel: str, message: dict[str, Any]) -> None:
+def channel_send_on_commit(channel: str, message: dict[str, Any], *, direct: str = "") -> None:
     """Send ``message`` to one channel once the current transaction commits (at once outside one): a
-    single layer command, where a group send is several (its members are read first)."""
-    transaction.on_commit(lambda: group_send_now(CHANNEL_TARGET + channel, message))
+    single layer command, where a group send is several (its members are read first). ``direct``: the
+    address where ``direct_sender`` reaches the process that holds the channel ("" for none)."""
+    target = f"{DIRECT_TARGET}{direct} {channel}" if direct and direct_sender is not None else CHANNEL_TARGET + channel
+    transaction.on_commit(lambda: group_send_now(target, message))

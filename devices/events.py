@@ -8,7 +8,9 @@ so no hello can make another connection live between that read and the commit).
 
 Channel-layer message types handled by the tunnel consumer (devices.consumers.DeviceConsumer):
   devices.outbox     doorbell: "read the outbox" (one per commit, never one per item); with
-                     {frames: [[seq, deliver frame], ...]} the committed items themselves (send these)
+                     {frames: [[seq, deliver frame], ...]} the committed items themselves (send these).
+                     Scaled out it goes straight to the holding process's stream relay when the row names
+                     one (devices.web.relay), through the layer when that fails
   devices.close      {code}: close the tunnel with this code (revocation: 4403)
   devices.replaced   close with 4409 (sent to the older connection's channel)
   device.call        {call_id, reply_channel, method, params} -> reply {type: device.call.reply, call_id, response}
@@ -49,13 +51,15 @@ def send_presence_changed(device: Any) -> None:
     _send_on_commit(user_group(device.owner_id), {"type": PRESENCE_CHANGED, **presence_payload(device)})
 
 
-def send_outbox_doorbell(channel_name: str, frames: list[tuple[int, str]] | None = None) -> None:
-    """``frames``: the committed items it rings for, as (seq, deliver frame), when the ringer has them."""
+def send_outbox_doorbell(channel_name: str, frames: list[tuple[int, str]] | None = None, *, relay: str = "") -> None:
+    """``frames``: the committed items it rings for, as (seq, deliver frame), when the ringer has them.
+    ``relay``: the stream relay of the process that holds the connection (``Device.relay``), which takes the
+    doorbell straight there (devices.web.relay.send_to_tunnel); the channel layer when it cannot."""
     if is_tunnel_channel(channel_name):  # a poll reads on its own
         message: dict[str, Any] = {"type": OUTBOX_DOORBELL}
         if frames:
             message["frames"] = frames
-        channel_send_on_commit(channel_name, message)
+        channel_send_on_commit(channel_name, message, direct=relay)
 
 
 def send_close(channel_name: str, code: int) -> None:

@@ -543,10 +543,13 @@ class _Ring:
         self.frames = frames
 
 
-def _ring_once_per_commit(device_id: Any, channel_name: str, frames: list[tuple[int, str]] | None) -> None:
+def _ring_once_per_commit(device_id: Any, channel_name: str, frames: list[tuple[int, str]] | None,
+                          relay: str = "") -> None:
     """One doorbell per device per commit, however many items the transaction enqueued, to its live
     connection ``channel_name`` (read in the transaction, under the row lock); none when that connection
     is in this process (it was handed the items: ``devices.live``) or there is none (its hello reads).
+    ``relay``: the address of the stream relay of the process that holds the connection (read with it), which
+    the doorbell takes before the channel layer (``events.send_outbox_doorbell``).
 
     The callback registered for this device is remembered on the connection with its position in
     ``run_on_commit``; if it is still there (not rolled back), there is nothing to add. The doorbell
@@ -556,7 +559,7 @@ def _ring_once_per_commit(device_id: Any, channel_name: str, frames: list[tuple[
     """
     conn = transaction.get_connection()
     if not conn.in_atomic_block:
-        _doorbell_unless_here(channel_name, _Ring(frames))
+        _doorbell_unless_here(channel_name, _Ring(frames), relay)
         return
     pending = conn.__dict__.setdefault("_devices_doorbells", {})
     key = str(device_id)
@@ -568,16 +571,16 @@ def _ring_once_per_commit(device_id: Any, channel_name: str, frames: list[tuple[
             return
     ring = _Ring(frames)
     index = len(conn.run_on_commit)
-    transaction.on_commit(functools.partial(_doorbell_unless_here, channel_name, ring))
+    transaction.on_commit(functools.partial(_doorbell_unless_here, channel_name, ring, relay))
     pending[key] = (index, conn.run_on_commit[index][1], ring)
 
 
-def _doorbell_unless_here(channel_name: str, ring: _Ring) -> None:
+def _doorbell_unless_here(channel_name: str, ring: _Ring, relay: str = "") -> None:
     if live.get(channel_name) is None:
         frames = ring.frames
         if frames is not None and sum(len(frame) for _, frame in frames) > DOORBELL_FRAMES_MAX_BYTES:
             frames = None
-        events.send_outbox_doorbell(channel_name, frames)
+        events.send_outbox_doorbell(channel_name, frames, relay=relay)
 
 
 def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> OutboxItem:
@@ -585,8 +588,9 @@ def outbox_enqueue(*, device: Device, kind: str, payload: dict[str, Any]) -> Out
     return outbox_enqueue_many(device=device, items=[(kind, payload)])[0]
 
 
-def _allocate_seqs(device_id: Any, count: int) -> tuple[int, str]:
-    """Add ``count`` to the device's next_seq; returns (the new next_seq, the live channel name).
+def _allocate_seqs(device_id: Any, count: int) -> tuple[int, str, str]:
+    """Add ``count`` to the device's next_seq; returns (the new next_seq, the live channel name, the relay of
+    the process that holds it).
 
     The UPDATE takes the device row's lock until commit, so seqs commit in allocation order and no
     hello can change the channel meanwhile. One statement where the database can return what it
@@ -596,17 +600,18 @@ def _allocate_seqs(device_id: Any, count: int) -> tuple[int, str]:
         meta, qn = Device._meta, conn.ops.quote_name
         # Names from the model's _meta, values as parameters.
         sql = (f"UPDATE {qn(meta.db_table)} SET {qn('next_seq')} = {qn('next_seq')} + %s "  # noqa: S608
-               f"WHERE {qn('id')} = %s RETURNING {qn('next_seq')}, {qn('channel_name')}")
+               f"WHERE {qn('id')} = %s RETURNING {qn('next_seq')}, {qn('channel_name')}, {qn('relay')}")
         with conn.cursor() as cursor:
             cursor.execute(sql, [count, meta.pk.get_db_prep_value(device_id, conn)])
             row = cursor.fetchone()
         if row is None:
             raise NotFound("No such device.")
-        return int(row[0]), row[1] or ""
+        return int(row[0]), row[1] or "", row[2] or ""
     if not Device.objects.filter(pk=device_id).update(next_seq=F("next_seq") + count):
         raise NotFound("No such device.")
-    end, channel_name = Device.objects.filter(pk=device_id).values_list("next_seq", "channel_name").get()
-    return end, channel_name
+    end, channel_name, relay = (Device.objects.filter(pk=device_id)
+                                .values_list("next_seq", "channel_name", "relay").get())
+    return end, channel_name, relay
 
 
 def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]]]) -> list[OutboxItem]:
@@ -625,9 +630,9 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
     with contextlib.nullcontext() if alone else transaction.atomic(savepoint=False):
         now = timezone.now()
         if inserted:
-            end, channel_name = _allocate_and_insert_postgresql(conn, device.pk, items, now)
+            end, channel_name, relay = _allocate_and_insert_postgresql(conn, device.pk, items, now)
         else:
-            end, channel_name = _allocate_seqs(device.pk, len(items))
+            end, channel_name, relay = _allocate_seqs(device.pk, len(items))
         first = end - len(items)
         rows = [OutboxItem(device_id=device.pk, seq=first + i, kind=kind, payload=payload, created_at=now)
                 for i, (kind, payload) in enumerate(items)]
@@ -642,7 +647,7 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
                       for row in rows]
             if live.get(channel_name) is not None:
                 transaction.on_commit(functools.partial(live.hand_over, channel_name, frames))
-        _ring_once_per_commit(device.pk, channel_name, frames)
+        _ring_once_per_commit(device.pk, channel_name, frames, relay)
     device.next_seq = end
     return rows
 
@@ -656,7 +661,7 @@ _ALLOCATE_INSERT_SQL: dict[int, str] = {}
 
 
 def _allocate_and_insert_postgresql(conn: Any, device_id: Any, items: list[tuple[str, dict[str, Any]]],
-                                    now: Any) -> tuple[int, str]:
+                                    now: Any) -> tuple[int, str, str]:
     """``_allocate_seqs`` and ``_outbox_insert`` as one PostgreSQL statement (a data-modifying CTE): each
     round trip to the server is a wait on the phone's answer and on every delivery. The UPDATE takes the
     device row's lock as before; no device, no rows."""
@@ -673,12 +678,12 @@ def _allocate_and_insert_postgresql(conn: Any, device_id: Any, items: list[tuple
         sql = _ALLOCATE_INSERT_SQL[count] = (
             f"WITH d AS (UPDATE {quote(device.db_table)} SET {col(device, 'next_seq')} = {col(device, 'next_seq')} + %s"  # noqa: S608
             f" WHERE {col(device, 'id')} = %s RETURNING {col(device, 'next_seq')} AS next_seq,"
-            f" {col(device, 'channel_name')} AS channel_name),"
+            f" {col(device, 'channel_name')} AS channel_name, {col(device, 'relay')} AS relay),"
             f" i AS (INSERT INTO {quote(item.db_table)} ({col(item, 'device')}, {col(item, 'seq')},"
             f" {col(item, 'kind')}, {col(item, 'payload')}, {col(item, 'created_at')})"
             f" SELECT %s, d.next_seq - %s + v.n, v.kind, v.payload, %s"
             f" FROM d, (VALUES {values}) AS v (n, kind, payload))"
-            f" SELECT next_seq, channel_name FROM d")
+            f" SELECT next_seq, channel_name, relay FROM d")
     payload_field, created_field = OutboxItem._meta.get_field("payload"), OutboxItem._meta.get_field("created_at")
     device_value = Device._meta.pk.get_db_prep_value(device_id, conn)
     params: list[Any] = [count, device_value, device_value, count, created_field.get_db_prep_save(now, conn)]
@@ -689,7 +694,7 @@ def _allocate_and_insert_postgresql(conn: Any, device_id: Any, items: list[tuple
         row = cursor.fetchone()
     if row is None:
         raise NotFound("No such device.")
-    return int(row[0]), row[1] or ""
+    return int(row[0]), row[1] or "", row[2] or ""
 
 
 def _outbox_insert(rows: list[OutboxItem]) -> None:

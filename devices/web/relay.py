@@ -26,6 +26,11 @@ connection is not: between hosts, keep it on a private network):
   B -> A ``device.stream_open`` {tunnel: channel name, binary, frame?}, ``device.forward`` {frame: str |
   bytes: bytes, credit?: int}, ``device.stream_close``; A -> B ``relay.opened`` or ``relay.not_here`` (the
   first answer to an open), then the consumer's ``device.stream`` / ``device.stream.closed`` messages.
+  And, outside any stream (``stream`` ""), B -> A ``devices.outbox`` {tunnel, frames?}: an outbox doorbell
+  for a tunnel of A's (``send_to_tunnel``; the enqueue read the relay's address with the live channel under
+  the device row's lock), handed to that consumer as the layer's doorbell would be, and dropped, unanswered,
+  when the tunnel is no longer A's (its device's next hello reads the outbox). A doorbell that cannot be
+  sent this way goes through the layer. The durable items are in the database either way.
 
 A tunnel that is not (or no longer) held by A's process gets ``relay.not_here``, and B sends the stream
 through the channel layer (``TunnelLink``) instead; so does a relay B cannot reach or authenticate with
@@ -52,11 +57,12 @@ import struct
 from typing import Any
 
 import msgpack
-from channels.layers import InMemoryChannelLayer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from clients import protocol
+from devices import events
 from devices.web import streams
 
 logger = logging.getLogger(__name__)
@@ -77,6 +83,7 @@ SEPARATE_PAYLOAD = 64 * 1024  # a larger payload is written apart from its head,
 READ_LIMIT = protocol.WEB_BIN_CHUNK_BYTES + 64 * 1024  # the relay's reader: a whole upload frame before pausing
 SCRATCH_BYTES = 256 * 1024  # the dialler's read buffer; larger messages get one of their own
 OPENED, NOT_HERE = "relay.opened", "relay.not_here"
+DOORBELL = events.OUTBOX_DOORBELL  # from another process (send_to_tunnel)
 _STREAM_END = frozenset({protocol.WEB_END, protocol.WEB_RESET, protocol.WEB_WS_CLOSE})
 
 
@@ -274,6 +281,9 @@ class _Served:
 
     async def handle(self, message: dict[str, Any]) -> None:
         kind, stream = message["type"], message["stream"]
+        if kind == DOORBELL:
+            await _ring(message)
+            return
         if kind not in ("device.stream_open", "device.forward", "device.stream_close"):
             raise RelayError(f"unknown message type {kind!r}")
         if kind == "device.stream_open":
@@ -328,6 +338,26 @@ class _Served:
             if not tunnel.closing:
                 await tunnel.device_forward({"type": "device.forward", "frame": protocol.notification(
                     protocol.WEB_RESET, {"stream": stream, "reason": protocol.WEB_RESET_CANCELLED, "detail": ""})})
+
+
+async def _ring(message: dict[str, Any]) -> None:
+    """An outbox doorbell from another process for a tunnel of this one (``send_to_tunnel``)."""
+    from devices.consumers import local_tunnel
+
+    channel, frames = message.get("tunnel"), message.get("frames")
+    if not isinstance(channel, str):
+        raise RelayError("a doorbell without a tunnel")
+    doorbell: dict[str, Any] = {"type": DOORBELL}
+    if frames is not None:
+        if not isinstance(frames, list) or not all(
+                isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], str)
+                for item in frames):
+            raise RelayError("a doorbell's frames are not [[seq, frame], ...]")
+        doorbell["frames"] = frames
+    tunnel = local_tunnel(channel)
+    if tunnel is None:
+        return  # that connection closed: the device's next hello reads the outbox, as after a lost doorbell
+    await tunnel.devices_outbox(doorbell)
 
 
 class _Sink:
@@ -552,6 +582,25 @@ class Connection(asyncio.BufferedProtocol):
             await self.writable  # the socket's buffer is full: wait until it drained
             if self.closed:
                 raise streams.LinkLost("the relay connection closed")
+
+
+async def send_to_tunnel(address: str, channel: str, message: dict[str, Any]) -> bool:
+    """An outbox doorbell (``devices.events``) for the tunnel ``channel``, held by the process whose relay is
+    at ``address``, sent on the kept connection to that relay (ai1net.realtime's ``direct_sender``): a
+    socket hop instead of the channel layer's trip through Redis. False (the caller takes the layer) for
+    any other message, when relays are off, or when the relay cannot be reached."""
+    if message.get("type") != DOORBELL or not enabled(get_channel_layer()):
+        return False
+    relayed: dict[str, Any] = {"type": DOORBELL, "stream": "", "tunnel": channel}
+    if message.get("frames"):
+        relayed["frames"] = message["frames"]
+    try:
+        connection = await dial(address)
+        await connection.send(relayed)
+    except (RelayUnavailable, streams.LinkLost) as exc:
+        logger.info("doorbell to %s through the channel layer: %s", channel, exc)
+        return False
+    return True
 
 
 class RelayLink(streams.QueueLink):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from datetime import timedelta
 
 import pytest
@@ -297,6 +298,56 @@ async def test_a_large_enqueue_rings_without_frames(paired):
     big = "x" * (services.DOORBELL_FRAMES_MAX_BYTES + 1)
     message = await _rung(device, lambda: services.outbox_enqueue(device=device, kind="k", payload={"big": big}))
     assert message == {"type": events.OUTBOX_DOORBELL}
+
+
+class _TunnelElsewhere:
+    """A tunnel held by "another process": its relay here answers for it, but no consumer of this process
+    is live on its channel (devices.live), so the enqueue rings instead of handing over."""
+
+    closing = False
+    hello_done = True
+
+    def __init__(self, channel_name: str) -> None:
+        self.channel_name, self.loop, self.rung = channel_name, asyncio.get_running_loop(), asyncio.Queue()
+
+    async def devices_outbox(self, message: dict) -> None:
+        self.rung.put_nowait(message)
+
+
+async def test_a_doorbell_to_another_process_goes_to_its_relay_and_through_the_layer_when_that_fails(
+        paired, monkeypatch):
+    from devices import consumers
+    from devices.web import relay
+
+    device, _ = paired
+    monkeypatch.setattr(relay, "enabled", lambda layer: True)  # scaled out (the layer may be in memory here)
+    layer = get_channel_layer()
+    tunnel = _TunnelElsewhere(await layer.new_channel())
+    monkeypatch.setitem(consumers._web_tunnels, tunnel.channel_name, tunnel)
+    address = await relay.serve()
+    await db(Device.objects.filter(pk=device.pk).update)(channel_name=tunnel.channel_name, relay=address)
+    try:
+        await db(lambda: services.outbox_enqueue(device=device, kind="k", payload={"i": 1}))()
+        message = await asyncio.wait_for(tunnel.rung.get(), 5)
+        assert [(seq, json.loads(frame)["params"]["payload"]) for seq, frame in message["frames"]] == [(1, {"i": 1})]
+        with pytest.raises(TimeoutError):  # not through the layer as well
+            await asyncio.wait_for(layer.receive(tunnel.channel_name), 0.2)
+
+        # A relay that cannot be reached (its process died): the layer carries the doorbell.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{sock.getsockname()[1]}"
+        await db(Device.objects.filter(pk=device.pk).update)(relay=dead)
+        await db(lambda: services.outbox_enqueue(device=device, kind="k", payload={"i": 2}))()
+        message = await asyncio.wait_for(layer.receive(tunnel.channel_name), 5)
+        assert message["type"] == events.OUTBOX_DOORBELL and [seq for seq, _ in message["frames"]] == [2]
+        assert tunnel.rung.empty()
+    finally:
+        for pool in list(relay._pools.values()):
+            for connection in list(pool.values()):
+                if isinstance(connection, relay.Connection):
+                    connection.close()
+            pool.clear()
 
 
 async def test_the_tunnel_sends_a_doorbells_frames_as_they_are_and_reads_past_a_gap(paired):

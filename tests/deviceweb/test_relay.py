@@ -48,6 +48,10 @@ class FakeTunnel:
         self.forwarded.append(message)
         self.got.set()
 
+    async def devices_outbox(self, message: dict) -> None:
+        self.forwarded.append(message)
+        self.got.set()
+
     async def wait_for(self, count: int) -> None:
         async with asyncio.timeout(5):
             while len(self.forwarded) < count:
@@ -203,7 +207,11 @@ def framed(header: bytes, payload: bytes = b"") -> bytes:
     framed(msgpack.packb({"type": "device.stream_open"})),  # no stream
     framed(msgpack.packb({"type": "nonsense", "stream": "s"})),
     framed(msgpack.packb({"type": "device.forward", "stream": "mine", "frame": "{}"}), b"xyz"),  # stray payload
-], ids=["4GiB", "max+1", "sum-past-max", "zero", "garbage", "list", "no-stream", "unknown-type", "stray-payload"])
+    framed(msgpack.packb({"type": relay.DOORBELL, "stream": ""})),  # a doorbell for no tunnel
+    framed(msgpack.packb({"type": relay.DOORBELL, "stream": "", "tunnel": "relaytest.tunnel", "frames": [[1]]})),
+    framed(msgpack.packb({"type": relay.DOORBELL, "stream": "", "tunnel": "relaytest.tunnel", "frames": "x"})),
+], ids=["4GiB", "max+1", "sum-past-max", "zero", "garbage", "list", "no-stream", "unknown-type", "stray-payload",
+        "doorbell-no-tunnel", "doorbell-bad-frame", "doorbell-frames-not-a-list"])
 async def test_the_relay_closes_a_connection_that_breaks_the_framing(tunnel, sent):
     address = await relay.serve()
     reader, writer = await handshake(address)
@@ -273,3 +281,30 @@ async def test_a_relay_lost_after_the_open_ends_the_stream_as_the_tunnel_closing
     with pytest.raises(streams.LinkLost):
         await link.frame(protocol.WEB_CREDIT, {"bytes": 1})
     assert relay._pools[asyncio.get_running_loop()] == {}  # the next stream dials again
+
+
+async def test_a_doorbell_goes_to_the_tunnel_over_the_kept_connection_and_falls_back_when_it_cannot(
+        tunnel, monkeypatch):
+    monkeypatch.setattr(relay, "enabled", lambda layer: True)  # scaled out (the layer may be in memory here)
+    address = await relay.serve()
+    frames = [[7, '{"jsonrpc":"2.0","method":"deliver","params":{"seq":7}}']]
+    assert await relay.send_to_tunnel(address, tunnel.channel_name, {"type": relay.DOORBELL, "frames": frames})
+    assert await relay.send_to_tunnel(address, tunnel.channel_name, {"type": relay.DOORBELL})
+    await tunnel.wait_for(2)
+    assert tunnel.forwarded == [{"type": relay.DOORBELL, "frames": frames}, {"type": relay.DOORBELL}]
+    connection = relay._pools[asyncio.get_running_loop()][address]
+    assert isinstance(connection, relay.Connection) and not connection.links  # kept, shared with streams
+
+    # A tunnel no longer held there: taken and dropped (its device's next hello reads the outbox).
+    assert await relay.send_to_tunnel(address, "relaytest.gone", {"type": relay.DOORBELL})
+    assert await relay.send_to_tunnel(address, tunnel.channel_name, {"type": relay.DOORBELL})
+    await tunnel.wait_for(3)
+    assert len(tunnel.forwarded) == 3 and not connection.closed
+
+    # Not a doorbell, no relay to reach, relays off: the caller sends through the channel layer.
+    assert not await relay.send_to_tunnel(address, tunnel.channel_name, {"type": "devices.close", "code": 4403})
+    assert not await relay.send_to_tunnel(f"127.0.0.1:{dead_port()}", tunnel.channel_name, {"type": relay.DOORBELL})
+    monkeypatch.setattr(relay, "enabled", lambda layer: False)
+    assert not await relay.send_to_tunnel(address, tunnel.channel_name, {"type": relay.DOORBELL})
+    await asyncio.sleep(0.05)
+    assert len(tunnel.forwarded) == 3
