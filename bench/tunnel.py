@@ -19,8 +19,9 @@ Rows (bench/report.py):
   recorded it (``services.outbox_ack`` returned; ``/ws/bench-acks`` says so) = t1.
   Baseline: the round trip of a 200-byte frame on the bare ``/ws/echo`` consumer, sampled
   alternately with it. With 2 daphne: once with the enqueue on the tunnel's process, once on the
-  other one (the doorbell crosses Redis; its own baseline is a frame sent on one daphne and received
-  on the other through the layer, beside the direct echo).
+  other one (the doorbell goes to the tunnel's process over its stream relay, devices.web.relay; beside
+  the direct echo, a frame sent on one daphne and received on the other through the layer: the route
+  the doorbell takes when the relay cannot take it).
 - tunnel connects/s vs echo: N sockets opened (50 handshakes in flight, all kept open), each ready
   for work: the tunnel's hello answered; the echo's first frame answered. The N bridges have connected
   before, as after a platform restart (the switch sent to each and applied): the storm a platform
@@ -549,7 +550,8 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
             notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "
                          "(the enqueue, the ack)")
         if relay:
-            notes.append(f"a bare frame relayed from the other daphne through the layer: {ms(got['relay'])} "
+            notes.append(f"the doorbell crosses over the tunnel's stream relay; a bare frame relayed from the other "
+                         f"daphne through the layer instead: {ms(got['relay'])} "
                          f"(deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['relay'], .99):.2f}x that)")
         print(f"  {path}: {ms(got['ack'])}; {baseline}; p99 ratio {ratio:.2f}")
         for note in notes:
