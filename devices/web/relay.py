@@ -412,6 +412,16 @@ class _Sink:
 _pools: dict[asyncio.AbstractEventLoop, dict[str, Any]] = {}
 
 
+def close_connections() -> None:
+    """Close every connection this process keeps to other processes' relays (their streams end as on a
+    lost connection); the next stream or doorbell dials again."""
+    for pool in list(_pools.values()):
+        for connection in list(pool.values()):
+            if isinstance(connection, Connection):
+                connection.close()
+        pool.clear()
+
+
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():

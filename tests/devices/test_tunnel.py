@@ -343,11 +343,7 @@ async def test_a_doorbell_to_another_process_goes_to_its_relay_and_through_the_l
         assert message["type"] == events.OUTBOX_DOORBELL and [seq for seq, _ in message["frames"]] == [2]
         assert tunnel.rung.empty()
     finally:
-        for pool in list(relay._pools.values()):
-            for connection in list(pool.values()):
-                if isinstance(connection, relay.Connection):
-                    connection.close()
-            pool.clear()
+        relay.close_connections()
 
 
 async def test_the_tunnel_sends_a_doorbells_frames_as_they_are_and_reads_past_a_gap(paired):

@@ -64,11 +64,7 @@ async def tunnel(monkeypatch):
     fake = FakeTunnel()
     monkeypatch.setitem(consumers._web_tunnels, fake.channel_name, fake)
     yield fake
-    for pool in list(relay._pools.values()):
-        for connection in list(pool.values()):
-            if isinstance(connection, relay.Connection):
-                connection.close()
-        pool.clear()
+    relay.close_connections()
 
 
 def stream_message(stream: str, method: str, **params) -> dict:
