@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,19 +45,37 @@ def default_count() -> int:
 
 
 class DatabaseThreads:
+    _all: weakref.WeakSet[DatabaseThreads] = weakref.WeakSet()
+
     def __init__(self, count: int, name: str) -> None:
         self.count, self.name = count, name
         self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
+        self._pending = 0  # calls queued or running
+        self._idle = threading.Condition()
+        DatabaseThreads._all.add(self)
 
     async def call(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if len(self._threads) < self.count:
             self._start()
+        with self._idle:
+            self._pending += 1
         self._calls.put((loop, future, contextvars.copy_context(), func, args, kwargs))
         return await future
+
+    @classmethod
+    def wait_all_idle(cls, timeout: float) -> bool:
+        """Wait until no call is queued or running in any of them (a caller that stopped waiting does not
+        stop its call); False when ``timeout`` seconds passed first. Tests use it before their database is
+        emptied, which would otherwise race a write still under way."""
+        for threads in list(cls._all):
+            with threads._idle:
+                if not threads._idle.wait_for(lambda t=threads: t._pending == 0, timeout):
+                    return False
+        return True
 
     def _start(self) -> None:
         with self._start_lock:
@@ -86,6 +105,10 @@ class DatabaseThreads:
                 loop.call_soon_threadsafe(_settle, future, result, error)
             except RuntimeError:  # the loop closed meanwhile: nobody waits
                 logger.debug("%s: the loop closed before %r returned", self.name, func)
+            with self._idle:
+                self._pending -= 1
+                if not self._pending:
+                    self._idle.notify_all()
             del loop, future, context, func, args, kwargs, result, error
 
 

@@ -45,6 +45,19 @@ def _clean_cache():
 
 
 @pytest.fixture(autouse=True)
+def _database_threads_settle(request):
+    """A tunnel's database thread may still be writing when a test ends (the hello's receivers run after its
+    reply, a disconnect writes presence): the test's database is emptied only after it is done, or the flush
+    raced the write (PostgreSQL: TRUNCATE deadlocked with the receivers' upsert)."""
+    if request.node.get_closest_marker("django_db") is not None:
+        request.getfixturevalue("_django_db_helper")  # torn down after this fixture: the flush waits
+    yield
+    from ai1net.db_threads import DatabaseThreads
+
+    DatabaseThreads.wait_all_idle(timeout=10)  # (a test that stops its database may leave one hanging)
+
+
+@pytest.fixture(autouse=True)
 def _own_channel_layer():
     """Every test gets a channel layer of its own. A test runs event loops one after another (its own,
     async_to_sync's) in one process, where a daphne runs one: channels-redis keeps asyncio locks in the

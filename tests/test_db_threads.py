@@ -81,3 +81,15 @@ async def test_the_orm_works_in_the_threads_on_their_own_connections():
     count, in_atomic = await threads.call(lambda: (User.objects.filter(username="carol").count(),
                                                    connection.in_atomic_block))
     assert count == 1 and not in_atomic
+
+
+async def test_waiting_for_idle_threads_waits_for_calls_whose_caller_stopped_waiting():
+    threads = DatabaseThreads(1, "test-idle")
+    release = threading.Event()
+    call = asyncio.ensure_future(threads.call(release.wait, 5))
+    await asyncio.sleep(0.05)
+    call.cancel()  # the caller stops waiting; the call runs on
+    loop = asyncio.get_running_loop()
+    assert not await loop.run_in_executor(None, DatabaseThreads.wait_all_idle, 0.1)
+    loop.call_later(0.1, release.set)
+    assert await loop.run_in_executor(None, DatabaseThreads.wait_all_idle, 5)
