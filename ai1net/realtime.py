@@ -49,9 +49,15 @@ DIRECT_TARGET = "direct:"
 direct_sender: Callable[[str, str, dict[str, Any]], Awaitable[bool]] | None = None
 
 
+def _direct(target: str) -> tuple[str, str]:
+    """(address, channel name) of a DIRECT_TARGET."""
+    address, _, channel = target[len(DIRECT_TARGET):].partition(" ")
+    return address, channel
+
+
 async def _send(target: str, message: dict[str, Any]) -> None:
     if target.startswith(DIRECT_TARGET):
-        address, _, channel = target[len(DIRECT_TARGET):].partition(" ")
+        address, channel = _direct(target)
         try:
             if direct_sender is not None and await direct_sender(address, channel, message):
                 return
@@ -244,7 +250,7 @@ def group_send_now(group: str, message: dict[str, Any]) -> None:
         except RuntimeError:  # the loop closed meanwhile
             pass
     if group.startswith(DIRECT_TARGET):  # no daphne loop here to keep a direct connection on: the layer
-        group = CHANNEL_TARGET + group[len(DIRECT_TARGET):].partition(" ")[2]
+        group = CHANNEL_TARGET + _direct(group)[1]
     try:
         async_to_sync(_send)(group, message)
     except Exception:
