@@ -11,6 +11,9 @@
 - ``/ws/bench-acks``: the first text frame is a device id; from then on, each time this process has
   recorded an ack of that device (``services.outbox_ack`` returned: committed), the socket gets
   ``{"acked": seq}``. Together: enqueue (durable) -> deliver -> ack -> ack recorded (durable).
+- ``/ws/bench-call``: each text frame is a device id; the platform calls that device's ``bench.echo``
+  (``services.device_call`` from a worker thread, as the probes' background calls are made) and the
+  socket gets the result as JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from urllib.parse import parse_qs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
+from asgiref.sync import sync_to_async  # noqa: E402
 from channels.db import database_sync_to_async  # noqa: E402
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
@@ -85,6 +89,15 @@ class EnqueueConsumer(_Lean):
         await realtime.collecting(database_sync_to_async, _enqueue_one)(text_data)
 
 
+class CallConsumer(_Lean):
+    async def receive(self, text_data=None, bytes_data=None):
+        # Not thread-sensitive: as probes.services runs its calls, in a worker whose device_call
+        # (async_to_sync) runs the call on this loop.
+        result = await sync_to_async(services.device_call, thread_sensitive=False)(
+            device=Device(pk=text_data), method="bench.echo", params={"pad": "x" * 120}, timeout=30)
+        await self.send(text_data=json.dumps(result))
+
+
 _ack_watchers: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
 
@@ -135,6 +148,7 @@ application = ProtocolTypeRouter(
                 path("ws/echo-layer", LayerEchoConsumer.as_asgi()),
                 path("ws/bench-outbox", EnqueueConsumer.as_asgi()),
                 path("ws/bench-acks", AckWatchConsumer.as_asgi()),
+                path("ws/bench-call", CallConsumer.as_asgi()),
                 re_path(r"", ai1net_application),
             ]
         ),

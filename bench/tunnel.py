@@ -27,6 +27,9 @@ Rows (bench/report.py):
   before, as after a platform restart (the switch sent to each and applied): the storm a platform
   holding thousands of devices meets. With 2 daphne, the sockets
   alternate between the processes.
+- with ``--rows calls`` (printed, not a row of issue 10): a platform -> device call (``device_call``, as a
+  probe's command runs it) answered by the device at once, beside the echo; with 2 daphne, made on the
+  tunnel's process and on the other one.
 Details (not with --quick): the older round trips (bench.enqueue request -> deliver, devices.ping),
 throughput to one device, and with --idle, the RSS per idle socket.
 It starts its own daphne processes on free loopback ports against a fresh database.
@@ -480,6 +483,45 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
     return out
 
 
+async def device_calls(caller_url: str, tunnel_url: str, device: tuple[str, str], samples: int,
+                       echo_url: str) -> dict[str, list[float]]:
+    """Interleaved samples: a platform -> device call (``/ws/bench-call``: ``services.device_call`` from a
+    worker thread, as a probe's command; the device answers ``bench.echo`` at once) and the echo."""
+    device_id, token = device
+    ws = await tunnel_open(tunnel_url, token)
+    caller = await websockets.connect(f"{caller_url}/ws/bench-call", ping_interval=None)
+    echo = await websockets.connect(f"{echo_url}/ws/echo", ping_interval=None)
+
+    async def answer() -> None:  # the device: answers every bench.echo, acks whatever is delivered
+        async for frame in ws:
+            message = json.loads(frame)
+            if message.get("method") == "bench.echo":
+                await ws.send(protocol.result(message["id"], message["params"]))
+            elif message.get("method") == protocol.DELIVER:
+                await ws.send(protocol.notification(protocol.ACK, {"seq": message["params"]["seq"]}))
+
+    device_task = asyncio.create_task(answer())
+    out: dict[str, list[float]] = {"call": [], "echo": []}
+    try:
+        for k in range(samples + 20):
+            start = time.perf_counter()
+            await caller.send(device_id)
+            assert json.loads(await asyncio.wait_for(caller.recv(), 30)) == {"pad": "x" * 120}
+            done = time.perf_counter()
+            start_echo = time.perf_counter()
+            await echo.send(PAYLOAD)
+            await echo.recv()
+            echo_done = time.perf_counter()
+            if k >= 20:  # after the warm-up
+                out["call"].append((done - start) * 1000)
+                out["echo"].append((echo_done - start_echo) * 1000)
+    finally:
+        device_task.cancel()
+        for sock in (ws, caller, echo):
+            await sock.close()
+    return out
+
+
 async def connect_rate(urls: list[str], n: int, opener, concurrency: int = 50) -> float:
     """Open n sockets (round robin over urls, ``concurrency`` in flight), keep them; returns sockets/s."""
     gate = asyncio.Semaphore(concurrency)
@@ -536,6 +578,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     pairs = [("same process", tunnel_server, None)]
     if len(servers) > 1:
         pairs.append(("other process", servers[0], (servers[0].url, tunnel_server.url)))
+    callers = [(where, driver) for where, driver, _ in pairs]
     for where, driver, relay in pairs if "deliver" in args.rows else []:
         profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
         got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay)
@@ -558,6 +601,16 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
             print(f"    {note}")
         rows.append(Row(path=path, config=config, measured=ms(got["ack"]), baseline=baseline, ratio=round(ratio, 2),
                         value=round(ratio, 2), target="<= 3", unit="x echo p99", notes=notes))
+        await settle(servers)
+    for where, caller in callers if "calls" in args.rows else []:
+        profiler.start(f"calls-{where.replace(' ', '-')}", servers)
+        got = await device_calls(caller.url, tunnel_server.url, devices[1], args.samples, tunnel_server.url)
+        profiler.stop()
+        ratio = pct(got["call"], .99) / pct(got["echo"], .99)
+        # Not a row of issue 10 (no target): printed beside the echo for the probes' remote hands.
+        made_on = "the tunnel's daphne" if caller is tunnel_server else "the other daphne"
+        print(f"  platform -> device call (made on {made_on}): {ms(got['call'])}; echo {ms(got['echo'])}; "
+              f"p99 ratio {ratio:.2f}")
         await settle(servers)
     urls = [s.url for s in servers]
     echo_rates, tunnel_rates, echo_cpu, tunnel_cpu = [], [], [], []
@@ -643,7 +696,7 @@ async def main() -> None:
     parser.add_argument("--samples", type=int, default=None, help="deliver -> ack samples (500; --quick 300)")
     parser.add_argument("--connects", type=int, default=None, help="sockets per connect-rate run (2000; --quick 1000)")
     parser.add_argument("--connect-runs", type=int, default=None, help="connect-rate runs, best kept (2; --quick 1)")
-    parser.add_argument("--rows", default="deliver,connects", help="which rows: deliver,connects")
+    parser.add_argument("--rows", default="deliver,connects", help="which rows: deliver,connects, and calls (platform -> device calls, printed, no target)")
     parser.add_argument("--py-spy", dest="py_spy", help="record py-spy profiles of daphne per phase into DIR")
     parser.add_argument("--idle", "--tunnels", dest="tunnels", default="",
                         help="idle socket counts held by one daphne, e.g. 1000,5000,15000 (not with --quick)")

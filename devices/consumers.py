@@ -32,7 +32,8 @@ Channel-layer messages another process or consumer may send to the live connecti
   stream; with ``ack``, send reply_channel a last ``{"type": "device.stream.closed", "stream"}``.
 A stream opened in this process (devices.web.streams.LocalLink), or relayed from another process
 (devices.web.relay), calls these handlers directly, with a reply "channel" object whose ``put`` takes the
-messages: no channel layer on that path.
+messages: no channel layer on that path. So does a call made in this process or relayed from another
+(``devices.services.adevice_call``): its reply_channel is then an object whose ``put`` takes the reply.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
         self.ack_task: asyncio.Task | None = None
         self.ticker: asyncio.Task | None = None
         self.tasks: set[asyncio.Task] = set()
-        self.calls: dict[str, str] = {}  # platform -> device request id -> reply channel
+        self.calls: dict[str, Any] = {}  # platform -> device request id -> reply channel (or object: put)
         self.streams: dict[str, str] = {}  # stream id -> reply channel
         if settings.DEVICE_WS_DISABLED:
             await self.close()  # refuse the handshake (403), as a proxy that blocks WebSockets would
@@ -470,8 +471,16 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
         if reply_channel is None:
             return  # a late answer to a call that gave up, or noise
         response = {"error": message["error"]} if "error" in message else {"result": message.get("result")}
-        await self.channel_layer.send(reply_channel, {"type": "device.call.reply", "call_id": str(message["id"]),
-                                                      "response": response})
+        await self._call_reply(reply_channel, {"type": "device.call.reply", "call_id": str(message["id"]),
+                                               "response": response})
+
+    async def _call_reply(self, target: Any, reply: dict[str, Any]) -> None:
+        """A call's reply to its caller: a channel name (the layer), or a waiter in this process or a relay's
+        sink (``put``)."""
+        if isinstance(target, str):
+            await self.channel_layer.send(target, reply)
+        else:
+            target.put(reply)
 
     # --- outbox -------------------------------------------------------------------------------
 
@@ -658,8 +667,8 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
             # in a channel nobody reads (channels-redis would keep it in the process's buffer).
             await self._to_stream(reply_channel, str(message["stream"]), None)
 
-    async def _offline_reply(self, call_id: str, reply_channel: str) -> None:
-        await self.channel_layer.send(reply_channel, {"type": "device.call.reply", "call_id": call_id, "response": {
+    async def _offline_reply(self, call_id: str, reply_channel: Any) -> None:
+        await self._call_reply(reply_channel, {"type": "device.call.reply", "call_id": call_id, "response": {
             "error": {"code": protocol.APPLICATION_ERROR, "message": "the device disconnected",
                       "data": {"code": "device_offline"}}}})
 

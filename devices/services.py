@@ -779,35 +779,76 @@ def _ack_statements(conn: Any) -> list[tuple[str, tuple[str, ...]]]:
 
 # --- platform -> device calls -----------------------------------------------------------------
 
-def _tunnel_channel_of(device_id: Any) -> str:
-    """The live WebSocket connection's channel; "" when offline, revoked or long polling (a poll cannot
-    take platform -> device requests: no channel reaches it)."""
-    channel_name = (Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE)
-                    .values_list("channel_name", flat=True).first()) or ""
-    return channel_name if is_tunnel_channel(channel_name) else ""
+def _tunnel_of(device_id: Any) -> tuple[str, str]:
+    """The live WebSocket connection's channel and the stream relay of the process that holds it ("" when
+    that process has none); ("", "") when offline, revoked or long polling (a poll cannot take platform ->
+    device requests: no channel reaches it)."""
+    row = (Device.objects.filter(pk=device_id, status=Device.Status.ACTIVE)
+           .values_list("channel_name", "relay").first())
+    if row is None or not is_tunnel_channel(row[0] or ""):
+        return "", ""
+    return row[0], row[1] or ""
+
+
+class _CallWaiter:
+    """A call's reply target in this process: the tunnel consumer (or the relay's connection) ``put``s it."""
+
+    def __init__(self) -> None:
+        self.reply: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def put(self, message: dict[str, Any]) -> None:
+        if not self.reply.done():
+            self.reply.set_result(message)
+
+
+async def _call_here(tunnel: Any, call: dict[str, Any]) -> dict[str, Any]:
+    waiter = _CallWaiter()
+    try:
+        await tunnel.device_call(dict(call, reply_channel=waiter))
+        return await waiter.reply
+    finally:
+        tunnel.calls.pop(call["call_id"], None)  # timed out or cancelled: a late answer is dropped
+
+
+async def _call_via_layer(device: Device, channel: str, call: dict[str, Any]) -> dict[str, Any]:
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel()
+    try:
+        await layer.send(channel, dict(call, reply_channel=reply_channel))
+    except ChannelFull:  # the connection's process stopped reading it (gone): as good as offline
+        raise DeviceOffline(f"{device.name} is not connected.") from None
+    while True:
+        message = await layer.receive(reply_channel)
+        if message.get("call_id") == call["call_id"]:
+            return message
 
 
 async def adevice_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:
-    """Send a JSON-RPC request to the device wherever it is connected and wait for its answer."""
-    tunnel = await database_sync_to_async(_tunnel_channel_of)(device.pk)
-    if not tunnel:
+    """Send a JSON-RPC request to the device wherever it is connected and wait for its answer: straight to
+    the tunnel consumer when it runs on this event loop; over the stream relay of the daphne process that
+    holds it (``devices.web.relay.call``: one socket hop each way, where the Redis layer took two trips
+    through Redis); else, or when that relay cannot be reached, through the channel layer."""
+    from devices.consumers import local_tunnel
+    from devices.web import relay
+
+    channel, address = await database_sync_to_async(_tunnel_of)(device.pk)
+    if not channel:
         raise DeviceOffline(f"{device.name} is not connected.")
-    layer = get_channel_layer()
-    reply_channel = await layer.new_channel()
-    call_id = f"p-{uuid.uuid4().hex}"
+    call = {"type": "device.call", "call_id": f"p-{uuid.uuid4().hex}", "method": method, "params": params or {}}
     try:
-        await layer.send(tunnel, {"type": "device.call", "call_id": call_id, "reply_channel": reply_channel,
-                                  "method": method, "params": params or {}})
-    except ChannelFull:  # the connection's process stopped reading it (gone): as good as offline
-        raise DeviceOffline(f"{device.name} is not connected.") from None
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await layer.receive(reply_channel)
-                if message.get("call_id") == call_id:
-                    break
+        async with asyncio.timeout(timeout):  # not wait_for: see devices.web.http.HttpStream._download
+            tunnel = local_tunnel(channel)
+            if tunnel is not None:
+                message = await _call_here(tunnel, call)
+            else:
+                message = await relay.call(address, channel, call) if address else None
+                if message is None:
+                    message = await _call_via_layer(device, channel, call)
     except TimeoutError:
         raise DeviceTimeout(f"{device.name} did not answer {method} within {timeout:g} s.") from None
+    except relay.CallLost:
+        # Sent, and the connection to the tunnel's process went: the device may have run it (never resent).
+        raise DeviceOffline(f"The platform lost its way to {device.name} during {method}; it may have run.") from None
     response = message.get("response") or {}
     if "error" in response:
         err = response["error"] or {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,14 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VENV_BIN = Path(sys.executable).parent
+
+
+def relay_bytes_received(address: str) -> int:
+    """What this machine's open TCP connections to ``address`` received (``ss``): the dialling daphnes' side of
+    their connections to a stream relay (devices.web.relay)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", "dst", address], capture_output=True, text=True,
+                         check=True).stdout
+    return sum(int(n) for n in re.findall(r"\bbytes_received:(\d+)", out))
 
 
 def free_port() -> int:

@@ -31,6 +31,11 @@ connection is not: between hosts, keep it on a private network):
   the device row's lock), handed to that consumer as the layer's doorbell would be, and dropped, unanswered,
   when the tunnel is no longer A's (its device's next hello reads the outbox). A doorbell that cannot be
   sent this way goes through the layer. The durable items are in the database either way.
+  And B -> A ``device.call`` {tunnel, call_id, method, params}: a platform -> device call (``call``, from
+  ``devices.services.adevice_call``: a probe's remote hands), handed to the consumer with a reply target
+  that writes its ``device.call.reply`` {call_id, response} back to B; a tunnel no longer A's answers at
+  once as a closed tunnel does (``device_offline``). A call B cannot send this way goes through the layer;
+  one sent when the connection is lost ends with DeviceOffline (the device may have run it: never resent).
 
 A tunnel that is not (or no longer) held by A's process gets ``relay.not_here``, and B sends the stream
 through the channel layer (``TunnelLink``) instead; so does a relay B cannot reach or authenticate with
@@ -54,6 +59,7 @@ import logging
 import secrets
 import socket
 import struct
+import threading
 from typing import Any
 
 import msgpack
@@ -84,6 +90,8 @@ READ_LIMIT = protocol.WEB_BIN_CHUNK_BYTES + 64 * 1024  # the relay's reader: a w
 SCRATCH_BYTES = 256 * 1024  # the dialler's read buffer; larger messages get one of their own
 OPENED, NOT_HERE = "relay.opened", "relay.not_here"
 DOORBELL = events.OUTBOX_DOORBELL  # from another process (send_to_tunnel)
+CALL, CALL_REPLY = "device.call", "device.call.reply"  # a platform -> device call and its reply (call)
+MAX_CALL_ID = 64
 _STREAM_END = frozenset({protocol.WEB_END, protocol.WEB_RESET, protocol.WEB_WS_CLOSE})
 
 
@@ -93,6 +101,10 @@ class RelayError(Exception):
 
 class RelayUnavailable(Exception):
     """No relay to talk to at that address (refused, timed out, not authenticated, not a relay)."""
+
+
+class CallLost(Exception):
+    """The connection to the relay closed after a call was sent on it: the device may have run it."""
 
 
 def enabled(layer: Any) -> bool:
@@ -284,6 +296,9 @@ class _Served:
         if kind == DOORBELL:
             await _ring(message)
             return
+        if kind == CALL:
+            await self._call(message)
+            return
         if kind not in ("device.stream_open", "device.forward", "device.stream_close"):
             raise RelayError(f"unknown message type {kind!r}")
         if kind == "device.stream_open":
@@ -326,6 +341,23 @@ class _Served:
         await tunnel.device_stream_open({"type": "device.stream_open", "stream": stream, "reply_channel": sink,
                                          "frame": frame if isinstance(frame, str) else None})
 
+    async def _call(self, message: dict[str, Any]) -> None:
+        """A platform -> device call from the dialling process (``call``) for a tunnel of this one; its reply
+        goes back on this connection. A tunnel not (or no longer) here answers as a closed tunnel does."""
+        from devices.consumers import local_tunnel
+
+        channel, call_id, method, params = (message.get(key) for key in ("tunnel", "call_id", "method", "params"))
+        if not (isinstance(channel, str) and isinstance(call_id, str) and 0 < len(call_id) <= MAX_CALL_ID
+                and isinstance(method, str) and isinstance(params, dict)):
+            raise RelayError("a call needs a tunnel, a call_id, a method and params")
+        reply = _CallReply(self)
+        tunnel = local_tunnel(channel)
+        if tunnel is None:
+            reply.put(_offline(call_id))
+            return
+        await tunnel.device_call({"type": "device.call", "call_id": call_id, "reply_channel": reply,
+                                  "method": method, "params": params})
+
     def _end(self, stream: str, message: dict[str, Any]) -> None:
         self.streams.pop(stream, None)
         self.send(message)
@@ -338,6 +370,21 @@ class _Served:
             if not tunnel.closing:
                 await tunnel.device_forward({"type": "device.forward", "frame": protocol.notification(
                     protocol.WEB_RESET, {"stream": stream, "reason": protocol.WEB_RESET_CANCELLED, "detail": ""})})
+
+
+class _CallReply:
+    """Where the tunnel consumer puts a relayed call's reply: written back to the dialling process."""
+
+    def __init__(self, served: _Served) -> None:
+        self.served = served
+
+    def put(self, message: dict[str, Any]) -> None:
+        self.served.send({**message, "stream": ""})
+
+
+def _offline(call_id: str) -> dict[str, Any]:
+    return {"type": CALL_REPLY, "call_id": call_id, "response": {"error": {
+        "code": protocol.APPLICATION_ERROR, "message": "the device disconnected", "data": {"code": "device_offline"}}}}
 
 
 async def _ring(message: dict[str, Any]) -> None:
@@ -463,6 +510,7 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, address: str, transport: asyncio.Transport) -> None:
         self.address, self.transport = address, transport
         self.links: dict[str, RelayLink] = {}
+        self.calls: dict[str, asyncio.Future] = {}  # call_id -> its reply, for calls sent on this connection
         self.closed = False
         self.loop = asyncio.get_running_loop()
         self.scratch = bytearray(SCRATCH_BYTES)
@@ -549,6 +597,11 @@ class Connection(asyncio.BufferedProtocol):
             self.start = self.end = 0
 
     def _deliver(self, message: dict[str, Any]) -> None:
+        if message["type"] == CALL_REPLY and not message["stream"]:
+            waiting = self.calls.pop(message.get("call_id"), None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(message)
+            return
         link = self.links.get(message["stream"])
         if link is not None:
             link.put(message)
@@ -583,6 +636,10 @@ class Connection(asyncio.BufferedProtocol):
         links, self.links = self.links, {}
         for link in links.values():
             link.put({"type": "device.stream.closed", "stream": link.stream})
+        calls, self.calls = self.calls, {}
+        for waiting in calls.values():
+            if not waiting.done():
+                waiting.set_exception(CallLost(f"the connection to relay {self.address} closed"))
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.closed or self.transport.is_closing():
@@ -611,6 +668,32 @@ async def send_to_tunnel(address: str, channel: str, message: dict[str, Any]) ->
         logger.info("doorbell to %s through the channel layer: %s", channel, exc)
         return False
     return True
+
+
+async def call(address: str, channel: str, call: dict[str, Any]) -> dict[str, Any] | None:
+    """A platform -> device call (``devices.services.adevice_call``'s ``device.call`` message, without a reply
+    channel) for the tunnel ``channel``, held by the process whose relay is at ``address``, on the kept
+    connection to that relay; its ``device.call.reply``. None (the caller takes the layer) when relays are
+    off, when this is not a loop that keeps connections (the main thread's: a worker's short-lived loop
+    would leave its connection behind), or when the relay cannot be reached. CallLost when the connection
+    closes after the call was sent."""
+    if not enabled(get_channel_layer()) or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        connection = await dial(address)
+    except RelayUnavailable as exc:
+        logger.info("call to %s through the channel layer: %s", channel, exc)
+        return None
+    call_id = call["call_id"]
+    reply = connection.calls[call_id] = connection.loop.create_future()
+    try:
+        await connection.send({**call, "stream": "", "tunnel": channel})
+        return await reply
+    except streams.LinkLost as exc:
+        raise CallLost(str(exc)) from None
+    finally:
+        if connection.calls.get(call_id) is reply:
+            del connection.calls[call_id]
 
 
 class RelayLink(streams.QueueLink):

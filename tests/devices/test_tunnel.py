@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ai1net.exceptions import ApplicationError, ValidationFailed
 from clients import protocol
-from devices import events, rpc, services, signals
+from devices import consumers, events, rpc, services, signals
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
 from devices.models import Device, DeviceRequest, OutboxItem
 from tests.devices.tunnel_support import Device as FakeDevice
@@ -579,7 +579,23 @@ async def answer_calls(dev: FakeDevice, handler) -> None:
         await dev.send(handler(message))
 
 
-async def test_device_call_round_trip(paired):
+@pytest.fixture(params=["here", "layer"])
+def call_route(request, monkeypatch):
+    """adevice_call's two routes in one process: straight to the tunnel consumer on this event loop, or
+    through the channel layer (as from a worker's own loop, or a process whose tunnel has no relay). The
+    other route fails the test if it is taken."""
+    def not_this_route(*args, **kwargs):
+        raise AssertionError(f"not the {request.param!r} route")
+
+    if request.param == "here":
+        monkeypatch.setattr(services, "_call_via_layer", not_this_route)
+    else:
+        monkeypatch.setattr(consumers, "local_tunnel", lambda channel: None)
+        monkeypatch.setattr(services, "_call_here", not_this_route)
+    return request.param
+
+
+async def test_device_call_round_trip(paired, call_route):
     device, token = paired
     dev, _ = await connected(token)
     responder = asyncio.create_task(answer_calls(dev, lambda m: protocol.result(m["id"], {"pong": True, **m["params"]})))
@@ -593,7 +609,7 @@ async def test_device_call_round_trip(paired):
     await dev.close()
 
 
-async def test_device_call_error_is_raised(paired):
+async def test_device_call_error_is_raised(paired, call_route):
     device, token = paired
     dev, _ = await connected(token)
     responder = asyncio.create_task(answer_calls(dev, lambda m: protocol.error(
@@ -608,17 +624,20 @@ async def test_device_call_error_is_raised(paired):
     await dev.close()
 
 
-async def test_device_call_offline_and_timeout(paired):
+async def test_device_call_offline_and_timeout(paired, call_route):
     device, token = paired
     with pytest.raises(DeviceOffline):
         await services.adevice_call(device=device, method="bridge.ping", params={}, timeout=1)
     dev, _ = await connected(token)
     with pytest.raises(DeviceTimeout):
         await services.adevice_call(device=device, method="bridge.ping", params={}, timeout=0.3)
+    tunnel = next(iter(consumers._web_tunnels.values()))
+    # Straight to the consumer, a call that timed out is forgotten there (its late answer is dropped).
+    assert (not tunnel.calls) if call_route == "here" else len(tunnel.calls) == 1
     await dev.close()
 
 
-async def test_device_call_fails_fast_when_the_tunnel_drops(paired):
+async def test_device_call_fails_fast_when_the_tunnel_drops(paired, call_route):
     device, token = paired
     dev, _ = await connected(token)
     call = asyncio.create_task(services.adevice_call(device=device, method="bridge.ping", params={}, timeout=10))

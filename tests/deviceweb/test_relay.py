@@ -52,6 +52,10 @@ class FakeTunnel:
         self.forwarded.append(message)
         self.got.set()
 
+    async def device_call(self, message: dict) -> None:
+        self.forwarded.append(message)
+        self.got.set()
+
     async def wait_for(self, count: int) -> None:
         async with asyncio.timeout(5):
             while len(self.forwarded) < count:
@@ -206,8 +210,16 @@ def framed(header: bytes, payload: bytes = b"") -> bytes:
     framed(msgpack.packb({"type": relay.DOORBELL, "stream": ""})),  # a doorbell for no tunnel
     framed(msgpack.packb({"type": relay.DOORBELL, "stream": "", "tunnel": "relaytest.tunnel", "frames": [[1]]})),
     framed(msgpack.packb({"type": relay.DOORBELL, "stream": "", "tunnel": "relaytest.tunnel", "frames": "x"})),
+    framed(msgpack.packb({"type": relay.CALL, "stream": "", "call_id": "c1", "method": "m", "params": {}})),
+    framed(msgpack.packb({"type": relay.CALL, "stream": "", "tunnel": "relaytest.tunnel", "call_id": 1,
+                          "method": "m", "params": {}})),
+    framed(msgpack.packb({"type": relay.CALL, "stream": "", "tunnel": "relaytest.tunnel", "call_id": "c" * 65,
+                          "method": "m", "params": {}})),
+    framed(msgpack.packb({"type": relay.CALL, "stream": "", "tunnel": "relaytest.tunnel", "call_id": "c1",
+                          "method": "m", "params": [1]})),
 ], ids=["4GiB", "max+1", "sum-past-max", "zero", "garbage", "list", "no-stream", "unknown-type", "stray-payload",
-        "doorbell-no-tunnel", "doorbell-bad-frame", "doorbell-frames-not-a-list"])
+        "doorbell-no-tunnel", "doorbell-bad-frame", "doorbell-frames-not-a-list", "call-no-tunnel",
+        "call-id-not-text", "call-id-too-long", "call-params-not-a-map"])
 async def test_the_relay_closes_a_connection_that_breaks_the_framing(tunnel, sent):
     address = await relay.serve()
     reader, writer = await handshake(address)
@@ -304,3 +316,42 @@ async def test_a_doorbell_goes_to_the_tunnel_over_the_kept_connection_and_falls_
     assert not await relay.send_to_tunnel(address, tunnel.channel_name, {"type": relay.DOORBELL})
     await asyncio.sleep(0.05)
     assert len(tunnel.forwarded) == 3
+
+
+async def test_a_call_goes_to_the_tunnel_over_the_kept_connection_and_its_reply_comes_back(tunnel, monkeypatch):
+    monkeypatch.setattr(relay, "enabled", lambda layer: True)  # scaled out (the layer may be in memory here)
+    address = await relay.serve()
+    call = {"type": relay.CALL, "call_id": "p-1", "method": "probe.read", "params": {"path": "a.txt"}}
+    calling = asyncio.create_task(relay.call(address, tunnel.channel_name, call))
+    await tunnel.wait_for(1)
+    sent = tunnel.forwarded[0]
+    assert {key: sent[key] for key in call} == call and not isinstance(sent["reply_channel"], str)
+    reply = {"type": relay.CALL_REPLY, "call_id": "p-1", "response": {"result": {"text": "hello"}}}
+    sent["reply_channel"].put(reply)  # as the tunnel consumer answers it (_call_reply)
+    assert await asyncio.wait_for(calling, 5) == dict(reply, stream="")
+    connection = relay._pools[asyncio.get_running_loop()][address]
+    assert isinstance(connection, relay.Connection) and not connection.calls  # kept, nothing left waiting
+
+    # A tunnel no longer held there answers as a closed tunnel does, at once.
+    gone = await asyncio.wait_for(relay.call(address, "relaytest.gone", dict(call, call_id="p-2")), 5)
+    assert gone["call_id"] == "p-2" and gone["response"]["error"]["data"]["code"] == "device_offline"
+
+    # Sent, then the connection to the tunnel's process is lost: CallLost (the device may have run it).
+    calling = asyncio.create_task(relay.call(address, tunnel.channel_name, dict(call, call_id="p-3")))
+    await tunnel.wait_for(2)
+    connection.transport.abort()
+    with pytest.raises(relay.CallLost):
+        await asyncio.wait_for(calling, 5)
+
+
+async def test_a_call_takes_the_channel_layer_when_the_relay_cannot_take_it(tunnel, monkeypatch):
+    call = {"type": relay.CALL, "call_id": "p-1", "method": "probe.read", "params": {}}
+    monkeypatch.setattr(relay, "enabled", lambda layer: True)
+    address = await relay.serve()
+    assert await relay.call(f"127.0.0.1:{dead_port()}", tunnel.channel_name, call) is None
+    # A worker thread's short-lived event loop would leave a kept connection behind when it closes.
+    assert await asyncio.to_thread(asyncio.run, relay.call(address, tunnel.channel_name, call)) is None
+    monkeypatch.setattr(relay, "enabled", lambda layer: False)
+    assert await relay.call(address, tunnel.channel_name, call) is None
+    await asyncio.sleep(0.05)
+    assert not tunnel.forwarded

@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +21,7 @@ from devices.models import Device
 from tests.deviceweb.conftest import FAST
 from tests.deviceweb.support import Bridge, Upstream, browser, enable_device_web
 from tests.deviceweb.test_streams_e2e import expected_sha256
-from tests.e2e_support import Daphne, free_port
+from tests.e2e_support import Daphne, free_port, relay_bytes_received
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,13 +68,6 @@ def test_a_large_body_each_way_arrives_intact(tmp_path, user, password, binary, 
             bridge.stop()
         upstream.stop()
         server.stop()
-
-
-def relay_bytes_received(address: str) -> int:
-    """What this machine's open TCP connections to ``address`` received (``ss``): the dialling daphne's side."""
-    out = subprocess.run(["ss", "-tinH", "state", "established", "dst", address], capture_output=True, text=True,
-                         check=True).stdout
-    return sum(int(n) for n in re.findall(r"\bbytes_received:(\d+)", out))
 
 
 @contextlib.contextmanager

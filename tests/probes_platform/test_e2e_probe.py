@@ -15,7 +15,7 @@ from django.conf import settings
 from ai1net.accounts.services import api_token_create
 from devices import services as device_services
 from devices.models import Device
-from tests.e2e_support import Daphne, Process, wait_until
+from tests.e2e_support import Daphne, Process, relay_bytes_received, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -165,15 +165,22 @@ def test_a_probe_that_went_away_fails_commands_with_device_offline(server, clien
 @pytest.mark.redis
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL (the scaled-out configuration)")
 def test_asked_and_approved_on_other_processes_than_the_probes(server, client, user, project, tmp_path):
-    """The probe holds its tunnel on daphne A; the agent asks through B and the person approves through C."""
+    """The probe holds its tunnel on daphne A; the agent asks through B and the person approves through C.
+    The calls and their answers cross from B and C to A's stream relay (devices.web.relay), not Redis."""
     device, token = device_services.device_create(owner=user, name="far", kind="probe", ephemeral=True)
     probe = start_probe(server, device, token, project, tmp_path, "--write")
     b, c = Daphne(tmp_path, name="daphne-b"), Daphne(tmp_path, name="daphne-c")
     http = agent(b, user)
     person = owner(c, client, user)
+    text = "".join(f"line {n}: {'x' * 40}\n" for n in range(800))  # about 40 KB
+    (project / "long.txt").write_text(text)
     try:
-        read = command(http, "far", "read", {"path": str(project / "hello.py")})
+        relay = Device.objects.get(pk=device.pk).relay  # A's, written by the probe's hello
+        before = relay_bytes_received(relay)
+        read = command(http, "far", "read", {"path": str(project / "long.txt")})
         assert read.json()["state"] == "done", read.text
+        assert read.json()["result"]["lines"][799] == [800, f"line 799: {'x' * 40}"]
+        assert relay_bytes_received(relay) - before > 20_000  # the answer came to B over A's relay
         asked = command(http, "far", "write", {"path": str(project / "far.txt"), "content": "far\n"}, wait=0)
         assert asked.status_code == 202
         done = person.post(f"/api/probes/commands/{asked.json()['id']}/approve", json={"wait": 20}).json()
