@@ -20,7 +20,8 @@ a 100 MB download (MiB/s and the time to its first body byte, medians of --runs)
 (requests/s: one keep-alive client in a row, and 8 clients at once). The same figures of a bare dial-out
 relay before the same local service (bench/bare_relay.py: two asyncio processes, no Django, no checks, no
 flow control) are printed beside them, a floor for the first byte and small requests. ``--json FILE`` appends
-the rows of issue 10 (bench.report). ``--hold`` keeps the world up after measuring, for a profiler (py-spy).
+the rows of issue 10 (bench.report). Printed beside them, not rows of the issue: a 200-byte message's round
+trip on a device-web WebSocket to the local service's echo, through each daphne, and straight. ``--hold`` keeps the world up after measuring, for a profiler (py-spy).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class World:
     procs: list[subprocess.Popen] = field(default_factory=list)
     device_id: str = ""
     web_port: int = 0
+    ws_port: int = 0  # the local service's WebSocket echo
     username: str = ""
 
     def start(self, argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -181,7 +183,11 @@ def build(world: World, daphnes: int, bridge_pyz: str | None = None) -> None:
     for i in range(daphnes):
         world.daphne(f"daphne-{'AB'[i]}")
     world.web_port = free_port(20000, 20999)
-    world.start([PY, str(ROOT / "tests/deviceweb/upstream.py"), str(world.web_port)], "upstream.log")
+    world.ws_port = world.web_port
+    while world.ws_port == world.web_port:  # device web reaches ports 20000-20999 only
+        world.ws_port = free_port(20000, 20999)
+    world.start([PY, str(ROOT / "tests/deviceweb/upstream.py"), str(world.web_port), str(world.ws_port)],
+                "upstream.log")
     wait_for(lambda: httpx.get(f"http://127.0.0.1:{world.web_port}/small").status_code == 200, 30, "the local service")
     home = world.tmp / "home"
     save_credential(home, Credential(url=world.servers[0], device_id=made["device_id"], token=made["token"],
@@ -191,7 +197,8 @@ def build(world: World, daphnes: int, bridge_pyz: str | None = None) -> None:
                   if not k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "AI1NET_REDIS"))}
     # From the checkout (websockets' C masking), or as users run it: the .pyz on a bare interpreter.
     bridge = [PY, "-I", "-S", bridge_pyz] if bridge_pyz else [PY, "-m", "clients.bridge"]
-    world.start([*bridge, "--home", str(home), "run", "--expose", str(world.web_port)], "bridge.log", env=client_env)
+    world.start([*bridge, "--home", str(home), "run", "--expose", str(world.web_port), "--expose", str(world.ws_port)],
+                "bridge.log", env=client_env)
 
 
 def browser(world: World, server: str) -> httpx.Client:
@@ -284,6 +291,54 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace,
                           1000 * cpu[name] / (size / MIB * args.runs),
                           1000 * cpu_small[name] / (args.small * args.runs))
             for name in clients}
+
+
+def ws_echo_rtts(urls: dict[str, tuple[str, str, str]], samples: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Round trips (ms) of a 200-byte text message on a WebSocket to the local service's echo, per name: the
+    socket's URL, its session cookie and Origin ("" for none). Sockets kept open, sampled in turn, ``rounds``
+    times."""
+    from websockets.sync.client import connect
+
+    sockets = {name: connect(url, additional_headers={"Cookie": cookie} if cookie else None, origin=origin or None,
+                             open_timeout=30)
+               for name, (url, cookie, origin) in urls.items()}
+    payload = "x" * 200
+    times: dict[str, list[float]] = {name: [] for name in urls}
+    try:
+        for ws in sockets.values():
+            for _ in range(20):  # warm up
+                ws.send(payload)
+                ws.recv()
+        for _ in range(rounds):
+            for name, ws in sockets.items():
+                for _ in range(samples // rounds):
+                    started = time.perf_counter()
+                    ws.send(payload)
+                    assert ws.recv() == payload
+                    times[name].append((time.perf_counter() - started) * 1000)
+    finally:
+        for ws in sockets.values():
+            ws.close()
+    return times
+
+
+def ws_figures(world: World, clients: dict[str, httpx.Client], samples: int) -> None:
+    """Device web's WebSocket path beside the same socket straight to the local service (printed; not a row of
+    issue 10): a message's round trip through each daphne."""
+    urls = {"direct": (f"ws://127.0.0.1:{world.ws_port}/echo", "", "")}
+    for name, server in (("through", world.servers[0]), ("cross", world.servers[1] if len(world.servers) > 1 else "")):
+        if server:
+            host = server.removeprefix("http://")
+            urls[name] = (f"ws://{host}/d/{world.device_id}/{world.ws_port}/echo",
+                          f"sessionid={clients[name].cookies['sessionid']}", server)
+    times = ws_echo_rtts(urls, samples)
+    pct = lambda values, q: sorted(values)[min(len(values) - 1, round(q * (len(values) - 1)))]  # noqa: E731
+    direct = times.pop("direct")
+    labels = {"through": "on the daphne holding the tunnel", "cross": "on the other daphne (its stream relay)"}
+    for name, values in times.items():
+        print(f"  WebSocket echo, 200 B, {labels[name]}: p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms; "
+              f"direct p50 {pct(direct, .5):.2f} / p99 {pct(direct, .99):.2f} ms; "
+              f"p50 ratio {pct(values, .5) / pct(direct, .5):.2f}", flush=True)
 
 
 def layer_ceiling(prefix: str, count: int = 200) -> tuple[float, float]:
@@ -402,6 +457,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
             if daphnes == 2:
                 clients["cross"] = browser(world, world.servers[1])
                 pids["cross"] = platform
+            ws_figures(world, clients, args.ws_samples)
             figures = measure(clients, args, pids)
             through, straight, floor = figures["through"], figures["direct"], figures["floor"]
             if daphnes == 1:
@@ -443,6 +499,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, quick 2)")
     parser.add_argument("--small", type=int, default=None, help="small requests per run (default 1000, quick 200)")
     parser.add_argument("--mb", type=int, default=100, help="size of the large download in MB")
+    parser.add_argument("--ws-samples", type=int, default=None,
+                        help="WebSocket echo round trips per path (default 600, quick 150)")
     parser.add_argument("--json", default=None, help="append the rows to this JSON file (bench.report)")
     parser.add_argument("--hold", action="store_true", help="keep each world up after measuring (profiling)")
     parser.add_argument("--keep-logs", action="store_true")
@@ -451,6 +509,7 @@ def main() -> None:
     args = parser.parse_args()
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)
+    args.ws_samples = args.ws_samples or (150 if args.quick else 600)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1"})

@@ -48,7 +48,7 @@ sink counts what it passed on minus the credit B returned through it and resets 
 sends past that (never buffers it), and B's link bounds its queue as LocalLink does. B waits for the
 socket to drain (the transport's pause/resume) when A reads slowly.
 
-Not here: the device-web WebSocket path (devices.web.ws) still crosses processes through the channel layer.
+The device-web WebSocket path (devices.web.ws) takes the same links as HTTP (``streams.link_to``).
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ retry. Frames from the device reach our own channel through the tunnel consumer'
 (``device.stream_open``; see devices/consumers.py).
 
 When the device's tunnel lives in this very process (always in the embedded setup; with several daphne
-processes, when the request lands on the one the device dialled), an HTTP stream takes ``LocalLink``
-instead: the same messages, handed to the tunnel consumer's handlers and back through an in-memory
+processes, when the request lands on the one the device dialled), a stream (HTTP or WebSocket) takes
+``LocalLink`` instead: the same messages, handed to the tunnel consumer's handlers and back through an in-memory
 queue, never through the channel layer (whose every message costs a copy, and with Redis a round trip
-and ~2.6 ms of CPU). When another daphne process holds the tunnel, an HTTP stream goes to that process's
+and ~2.6 ms of CPU). When another daphne process holds the tunnel, a stream goes to that process's
 stream relay (``devices.web.relay.RelayLink``: one TCP connection between the two processes carries the
 same messages), and through the channel layer only when that relay cannot take it. Streams of a device
 with the ``web.binary`` capability move their data as binary frames (clients/protocol.py) and use the
@@ -213,10 +213,10 @@ class LocalLink(QueueLink):
 
 
 async def link_to(device: Any) -> TunnelLink:
-    """One HTTP stream's way to ``device``'s live tunnel: in-process when the tunnel consumer runs here
-    (``DEVICE_WEB_IN_PROCESS``, on by default); else straight to the stream relay of the daphne process
-    that holds it (``Device.relay``, scaled out: devices.web.relay), which falls back to the channel layer
-    when that relay cannot take the stream; else through the channel layer."""
+    """One stream's way (an HTTP request's, a WebSocket's) to ``device``'s live tunnel: in-process when the
+    tunnel consumer runs here (``DEVICE_WEB_IN_PROCESS``, on by default); else straight to the stream relay of
+    the daphne process that holds it (``Device.relay``, scaled out: devices.web.relay), which falls back to the
+    channel layer when that relay cannot take the stream; else through the channel layer."""
     from devices.consumers import local_tunnel
     from devices.web import relay
 

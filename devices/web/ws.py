@@ -5,6 +5,10 @@ The same gates as HTTP run in ``connect``; the browser's handshake is answered (
 subprotocol the local server chose) only once the device says its side is open (``web.ws_accept``);
 a refusal rejects the handshake (403). Frames carry a per-direction seq and use the same credit window
 as HTTP bodies; browser frames beyond our credit wait in a bounded buffer. Closes propagate both ways.
+
+The stream takes the HTTP path's link (``streams.link_to``): straight to the tunnel consumer when it runs in
+this process, to the stream relay of the daphne process that holds it, else through the channel layer. A
+task reads the device's side from the link; it and the browser's messages are handled one at a time.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ CLOSE_UPSTREAM_FAILED = 4502  # the device or its local server failed (cf. 1011 
 
 class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
     link: streams.TunnelLink | None = None
+    reader: asyncio.Task | None = None
 
     async def connect(self) -> None:
         kwargs = self.scope.get("url_route", {}).get("kwargs", {})
@@ -48,6 +53,7 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         self.credit = streams.Credit()
         self.receipts = streams.Receipts()
         self.open_timer: asyncio.Task | None = None
+        self.turn = asyncio.Lock()  # the browser's messages and the device's, one at a time
         try:
             device = await gate_threads.call(
                 check_device_web, self.scope.get("user"), kwargs.get("device_id"), kwargs.get("port"),
@@ -59,8 +65,7 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         port = int(kwargs["port"])
         prefix = streams.prefix_of(device.pk, port)
         path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
-        self.link = streams.TunnelLink(self.channel_layer, device.channel_name, self.channel_name,
-                                       binary=protocol.WEB_BINARY_CAPABILITY in (device.capabilities or []))
+        self.link = await streams.link_to(device)
         self.credit = streams.Credit(self.link.window)
         self.receipts = streams.Receipts(self.link.window)
         try:
@@ -72,25 +77,38 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         except streams.LinkLost:
             await self._end(None)
             return
+        self.reader = asyncio.create_task(self._read_device())
         self.open_timer = asyncio.create_task(self._open_deadline())
 
     async def _open_deadline(self) -> None:
         await asyncio.sleep(OPEN_TIMEOUT_SEC)
-        if not self.accepted:
-            await self._end(protocol.WEB_RESET_TIMEOUT)
+        async with self.turn:
+            if not self.accepted:
+                await self._end(protocol.WEB_RESET_TIMEOUT)
 
     async def _end(self, reset: str | None, code: int = CLOSE_UPSTREAM_FAILED) -> None:
         if self.closed:
             return
         self.closed = True
-        if self.open_timer is not None and self.open_timer is not asyncio.current_task():
-            self.open_timer.cancel()
-        if self.link is not None:
-            await self.link.close(reset)
+        await self._stop_tasks()
         await self.close(code=code if self.accepted else None)
+        if self.link is not None:
+            await self.link.close(reset, drain=True)
+
+    async def _stop_tasks(self) -> None:
+        """The open timer and the device's reader, unless one of them is ending the socket itself. The
+        link is read here no more (``close(drain=True)`` reads it to the tunnel's last word)."""
+        for task in (self.open_timer, self.reader):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.wait({task})
 
     # --- browser -> device -----------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        async with self.turn:
+            await self._from_browser(text_data, bytes_data)
+
+    async def _from_browser(self, text_data: str | None, bytes_data: bytes | None) -> None:
         if self.closed or not self.accepted:
             return
         body: str | bytes = text_data if text_data is not None else (bytes_data or b"")
@@ -106,8 +124,8 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         await self._flush()
 
     async def _flush(self) -> None:
-        """Send buffered browser frames while credit lasts (never waits: consumers handle one message
-        at a time, and the credit that would free us arrives as a message)."""
+        """Send buffered browser frames while credit lasts (never waits: messages are handled one at a
+        time, and the credit that would free us arrives as one)."""
         while self.pending and not self.closed:
             body, size = self.pending[0]
             cost = self.credit.cost(size)
@@ -127,22 +145,38 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
             self.send_seq += 1
 
     async def disconnect(self, code: int) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.open_timer is not None:
-            self.open_timer.cancel()
+        async with self.turn:
+            if self.closed:
+                return
+            self.closed = True
+        await self._stop_tasks()
         if self.link is not None:
             try:
                 await self.link.frame(protocol.WEB_WS_CLOSE, {"code": code if isinstance(code, int) else 1000,
                                                               "reason": ""})
             except streams.LinkLost:
                 pass
-            await self.link.close()
+            await self.link.close(drain=True)
 
-    # --- device -> browser (channel-layer messages from the tunnel consumer) ----------------------
-    async def device_stream(self, message: dict[str, Any]) -> None:
-        if self.closed or self.link is None or message.get("stream") != self.link.stream:
+    # --- device -> browser ---------------------------------------------------------------------------
+    async def _read_device(self) -> None:
+        """The device's messages on this stream, as the link brings them (``device.stream`` frames, then
+        ``device.stream.closed`` when the tunnel forgets the stream or closes)."""
+        while not self.closed:
+            message = await self.link.receive()
+            async with self.turn:
+                if self.closed:
+                    return
+                if message.get("type") == "device.stream.closed":
+                    if message.get("stream") == self.link.stream:
+                        self.link.opened = False  # the tunnel is gone: nothing to forget there
+                        await self._end(None)
+                        return
+                else:
+                    await self._from_device(message)
+
+    async def _from_device(self, message: dict[str, Any]) -> None:
+        if message.get("stream") != self.link.stream:
             return
         frame = message.get("frame") or {}
         method, params = frame.get("method"), frame.get("params") or {}
@@ -195,10 +229,6 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
             except streams.LinkLost:
                 await self._end(None)
 
-    async def device_stream_closed(self, message: dict[str, Any]) -> None:
-        if self.link is not None and message.get("stream") == self.link.stream:
-            self.link.opened = False  # the tunnel is gone: nothing to forget there
-            await self._end(None)
 
 
 def _browser_close_code(code: object) -> int:

@@ -18,6 +18,7 @@ from clients import protocol
 from devices import consumers, events, rpc, services, signals
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
 from devices.models import Device, DeviceRequest, OutboxItem
+from devices.web import relay
 from tests.devices.tunnel_support import Device as FakeDevice
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -582,8 +583,8 @@ async def answer_calls(dev: FakeDevice, handler) -> None:
 @pytest.fixture(params=["here", "layer"])
 def call_route(request, monkeypatch):
     """adevice_call's two routes in one process: straight to the tunnel consumer on this event loop, or
-    through the channel layer (as from a worker's own loop, or a process whose tunnel has no relay). The
-    other route fails the test if it is taken."""
+    through the channel layer (as from a worker's own loop, or with relays off). The other route fails the
+    test if it is taken. The relay's route is in tests/deviceweb/test_relay.py and test_e2e_probe.py."""
     def not_this_route(*args, **kwargs):
         raise AssertionError(f"not the {request.param!r} route")
 
@@ -591,6 +592,7 @@ def call_route(request, monkeypatch):
         monkeypatch.setattr(services, "_call_via_layer", not_this_route)
     else:
         monkeypatch.setattr(consumers, "local_tunnel", lambda channel: None)
+        monkeypatch.setattr(relay, "enabled", lambda layer: False)  # with Redis, this process's relay would take it
         monkeypatch.setattr(services, "_call_here", not_this_route)
     return request.param
 
@@ -631,7 +633,7 @@ async def test_device_call_offline_and_timeout(paired, call_route):
     dev, _ = await connected(token)
     with pytest.raises(DeviceTimeout):
         await services.adevice_call(device=device, method="bridge.ping", params={}, timeout=0.3)
-    tunnel = next(iter(consumers._web_tunnels.values()))
+    tunnel = consumers._web_tunnels[(await sync_to_async(Device.objects.get)(pk=device.pk)).channel_name]
     # Straight to the consumer, a call that timed out is forgotten there (its late answer is dropped).
     assert (not tunnel.calls) if call_route == "here" else len(tunnel.calls) == 1
     await dev.close()

@@ -15,12 +15,13 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from asgiref.sync import async_to_sync
 
 from clients import protocol
 from devices.models import Device
 from tests.deviceweb.conftest import FAST
 from tests.deviceweb.support import Bridge, Upstream, browser, enable_device_web
-from tests.deviceweb.test_streams_e2e import expected_sha256
+from tests.deviceweb.test_streams_e2e import _echo_through, expected_sha256
 from tests.e2e_support import Daphne, free_port, relay_bytes_received
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,8 +30,10 @@ MIB = 1024 * 1024
 
 
 def round_trip(server: Daphne, bridge: Bridge, upstream: Upstream, username: str, password: str) -> None:
+    """A large body each way, a chunked one, and a WebSocket echo (test_streams_e2e's) on the same route."""
     size, upload = 24 * MIB + 12345, os.urandom(9 * MIB + 77)
     with browser(server, username, password, timeout=120) as web:
+        ws_echo(server, bridge, upstream, web)
         digest, got = hashlib.sha256(), 0
         with web.stream("GET", f"{bridge.prefix}/{upstream.port}/bytes", params={"n": size}) as response:
             assert response.status_code == 200
@@ -43,6 +46,12 @@ def round_trip(server: Daphne, bridge: Bridge, upstream: Upstream, username: str
         assert echoed["body_sha256"] == hashlib.sha256(upload).hexdigest()
         chunked = web.get(f"{bridge.prefix}/{upstream.port}/bytes", params={"n": 3 * MIB + 1, "chunked": 1})
         assert chunked.content == b"".join(_pattern(3 * MIB + 1))
+
+
+def ws_echo(server: Daphne, bridge: Bridge, upstream: Upstream, web) -> None:
+    """Messages each way (more than a credit window of them), the largest one, the closes (test_streams_e2e)."""
+    url = f"ws://127.0.0.1:{server.port}{bridge.prefix}/{upstream.ws_port}/echo?room=1"
+    async_to_sync(_echo_through)(url, server.url, f"sessionid={web.cookies['sessionid']}")
 
 
 def _pattern(n: int):
@@ -59,7 +68,7 @@ def test_a_large_body_each_way_arrives_intact(tmp_path, user, password, binary, 
     upstream = Upstream(tmp_path)
     bridge = None
     try:
-        bridge = Bridge(server, user, tmp_path / "home", [upstream.port], AI1NET_WEB_BINARY=binary)
+        bridge = Bridge(server, user, tmp_path / "home", [upstream.port, upstream.ws_port], AI1NET_WEB_BINARY=binary)
         capabilities = Device.objects.get(pk=bridge.device.pk).capabilities
         assert (protocol.WEB_BINARY_CAPABILITY in capabilities) == (binary == "1")
         round_trip(server, bridge, upstream, user.username, password)
@@ -85,7 +94,7 @@ def tunnel_on_a(tmp_path, user, settings) -> Iterator[tuple[Daphne, Daphne, Brid
         stopping.callback(b.stop)
         upstream = Upstream(tmp_path)
         stopping.callback(upstream.stop)
-        bridge = Bridge(a, user, tmp_path / "home", [upstream.port])
+        bridge = Bridge(a, user, tmp_path / "home", [upstream.port, upstream.ws_port])
         stopping.callback(bridge.stop)
         yield a, b, bridge, upstream
 
@@ -94,14 +103,19 @@ def tunnel_on_a(tmp_path, user, settings) -> Iterator[tuple[Daphne, Daphne, Brid
 def test_across_two_daphne_processes_the_stream_goes_straight_to_the_relay_of_the_tunnels_process(
         tmp_path, user, password, settings):
     """The request lands on daphne B, the device's tunnel is on daphne A: the stream's frames cross one TCP
-    connection from B to A's relay (not Redis), and a large body each way arrives intact."""
+    connection from B to A's relay (not Redis), a WebSocket's as an HTTP body's, and a large body each way
+    arrives intact."""
     with tunnel_on_a(tmp_path, user, settings) as (a, b, bridge, upstream):
         address = Device.objects.get(pk=bridge.device.pk).relay
         assert re.fullmatch(r"127\.0\.0\.1:\d+", address), address  # A's, written by the hello
         assert relay_bytes_received(address) == 0
+        with browser(b, user.username, password) as web:
+            ws_echo(b, bridge, upstream, web)
+        # The WebSocket's echoed messages (300 of 10 kB and the largest one) came to B over A's relay.
+        assert relay_bytes_received(address) > 3 * MIB
         round_trip(b, bridge, upstream, user.username, password)
         # The download (24 MiB) and the chunked one (3 MiB) came to B over its connection to A's relay.
-        assert relay_bytes_received(address) > 27 * MIB
+        assert relay_bytes_received(address) > 30 * MIB
         round_trip(a, bridge, upstream, user.username, password)  # on A itself: in-process, as before
 
 
