@@ -828,10 +828,22 @@ async def adevice_call(*, device: Device, method: str, params: dict[str, Any], t
     the tunnel consumer when it runs on this event loop; over the stream relay of the daphne process that
     holds it (``devices.web.relay.call``: one socket hop each way, where the Redis layer took two trips
     through Redis); else, or when that relay cannot be reached, through the channel layer."""
+    channel, address = await database_sync_to_async(_tunnel_of)(device.pk)
+    return await _call_tunnel(device, channel, address, method, params, timeout)
+
+
+def device_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:
+    """Synchronous ``adevice_call`` (views, services, management commands). The tunnel is read in the
+    caller's thread, which may use the database: no trip to a database thread from the event loop for it."""
+    channel, address = _tunnel_of(device.pk)
+    return async_to_sync(_call_tunnel)(device, channel, address, method, params, timeout)
+
+
+async def _call_tunnel(device: Device, channel: str, address: str, method: str, params: dict[str, Any],
+                       timeout: float) -> Any:
     from devices.consumers import local_tunnel
     from devices.web import relay
 
-    channel, address = await database_sync_to_async(_tunnel_of)(device.pk)
     if not channel:
         raise DeviceOffline(f"{device.name} is not connected.")
     call = {"type": "device.call", "call_id": f"p-{uuid.uuid4().hex}", "method": method, "params": params or {}}
@@ -858,8 +870,3 @@ async def adevice_call(*, device: Device, method: str, params: dict[str, Any], t
         raise DeviceCallError(str(err.get("message") or DeviceCallError.default_detail),
                               code=str(data.get("code") or "device_error"))
     return response.get("result")
-
-
-def device_call(*, device: Device, method: str, params: dict[str, Any], timeout: float = 30.0) -> Any:
-    """Synchronous ``adevice_call`` (views, services, management commands)."""
-    return async_to_sync(adevice_call)(device=device, method=method, params=params, timeout=timeout)
