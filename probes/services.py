@@ -16,13 +16,14 @@ import json
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -83,7 +84,7 @@ def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = 
     op, args = validate(op, args)
     if device.owner_id != user.pk or device.kind != Device.Kind.PROBE:
         raise ApplicationError("No such probe.", code="probe_not_found", status=404)
-    commands_expire()
+    _sweep_now_and_then()
     _check_capacity(user=user, device=device, op=op)
     now = timezone.now()
     fields: dict[str, Any] = {
@@ -119,15 +120,40 @@ def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = 
 
 
 def _check_capacity(*, user: Any, device: Device, op: str) -> None:
-    """Soft caps (counted, not locked) so a runaway agent cannot flood the owner or the probe."""
-    if op in APPROVAL_OPS and ProbeCommand.objects.filter(
-        owner=user, state=State.AWAITING_APPROVAL
-    ).count() >= MAX_AWAITING_PER_USER:
+    """Soft caps (counted, not locked) so a runaway agent cannot flood the owner or the probe. Commands that
+    expired or were lost do not count: a count at a cap sweeps them (``commands_expire``) and counts again."""
+    def awaiting_full() -> bool:
+        return op in APPROVAL_OPS and ProbeCommand.objects.filter(
+            owner=user, state=State.AWAITING_APPROVAL).count() >= MAX_AWAITING_PER_USER
+
+    def in_flight_full() -> bool:
+        return ProbeCommand.objects.filter(device=device, state__in=[State.APPROVED, State.SENT]
+                                           ).count() >= MAX_IN_FLIGHT
+
+    if awaiting_full() or in_flight_full():
+        commands_expire()  # then count again
+    if awaiting_full():
         raise RateLimited(f"{MAX_AWAITING_PER_USER} commands already wait for approval; decide on those first.",
                           code="too_many_pending")
-    if ProbeCommand.objects.filter(device=device, state__in=[State.APPROVED, State.SENT]).count() >= MAX_IN_FLIGHT:
+    if in_flight_full():
         raise RateLimited(f"{MAX_IN_FLIGHT} commands are already running on this probe; wait for some to end.",
                           code="too_many_in_flight")
+
+
+_SWEEP_EVERY_SEC = 30.0
+_last_sweep = float("-inf")
+
+
+def _sweep_now_and_then() -> None:
+    """``commands_expire`` from command_create at most every ``_SWEEP_EVERY_SEC`` in this process: its three
+    statements ran on every command an agent made. Nothing waits on it: an approval checks its own expiry,
+    a cap sweeps before it refuses, and the approvals list sweeps as before."""
+    global _last_sweep
+    now = time.monotonic()
+    if now - _last_sweep < _SWEEP_EVERY_SEC:
+        return
+    _last_sweep = now
+    commands_expire()
 
 
 def command_approve(*, user: Any, command_id: Any, seen_hash: str | None = None,
@@ -342,6 +368,7 @@ def _in_background(function: Any, **kwargs: Any) -> None:
     attached to daphne's event loop, so device_call reaches the channel layer that lives there (the
     in-memory layer only works on its own loop); elsewhere (tests, management commands) in a thread."""
     global _inflight
+    loop = _main_event_loop()
 
     def run() -> None:
         global _inflight
@@ -350,14 +377,18 @@ def _in_background(function: Any, **kwargs: Any) -> None:
         except Exception:
             logger.exception("background %s(%s) failed", function.__name__, kwargs)
         finally:
-            connections.close_all()  # this thread's connections only
+            # This thread's connections only. A kept executor thread keeps its connection as the request
+            # threads do (SQLite: reconnecting cost each command; PostgreSQL's pool takes it back here).
+            if loop is None:
+                connections.close_all()
+            else:
+                close_old_connections()
             with _inflight_changed:
                 _inflight -= 1
                 _inflight_changed.notify_all()
 
     with _inflight_changed:
         _inflight += 1
-    loop = _main_event_loop()
     if loop is not None:
         asyncio.run_coroutine_threadsafe(sync_to_async(run, thread_sensitive=False, executor=_EXECUTOR)(), loop)
     else:

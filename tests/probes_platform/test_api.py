@@ -6,8 +6,11 @@ Reads and sends run in a background thread that records the result in the row, s
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from ai1net.accounts.models import AuditEntry
 from ai1net.exceptions import ApplicationError
@@ -327,3 +330,15 @@ def test_a_runaway_agent_is_capped(api, writable_probe, fake_probe, monkeypatch)
     assert capped.status_code == 429 and capped.json()["error"] == "too_many_pending"
     assert ProbeCommand.objects.count() == 2
     assert post_command(api, writable_probe.pk, "ping", {}).json()["state"] == "done"  # reads still run
+
+    # Commands that expired, or were lost in flight, stop counting: the cap sweeps them before it refuses
+    # (command_create itself sweeps only now and then).
+    ProbeCommand.objects.filter(state="awaiting_approval").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert post_command(api, writable_probe.pk, "run", {"argv": ["echo", "3"]}).status_code == 202
+    assert ProbeCommand.objects.filter(state="expired").count() == 2
+    monkeypatch.setattr("probes.services.MAX_IN_FLIGHT", 1)
+    ProbeCommand.objects.create(owner=writable_probe.owner, device=writable_probe, requested_by=writable_probe.owner,
+                                op="ping", args={}, args_hash="x", state="sent",
+                                sent_at=timezone.now() - timedelta(hours=1))
+    assert post_command(api, writable_probe.pk, "ping", {}).json()["state"] == "done"
+    assert ProbeCommand.objects.get(sent_at__lt=timezone.now() - timedelta(minutes=30)).error["code"] == "lost"
