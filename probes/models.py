@@ -65,6 +65,8 @@ class ProbeCommand(models.Model):
         indexes = [
             models.Index(fields=["owner", "state"]),
             models.Index(fields=["device", "-created_at"]),
+            # A probe's commands in flight, counted for every new command (its cap): not all it ever ran.
+            models.Index(fields=["device", "state"]),
         ]
 
     def __str__(self) -> str:

@@ -219,14 +219,20 @@ def api_token_create(*, user: User, name: str, ip: str | None = None) -> tuple[A
     return token, raw
 
 
+# How stale a token's "last used" may be: an agent's burst of requests writes it once, not once each.
+TOKEN_USE_RESOLUTION = dt.timedelta(minutes=1)
+
+
 def api_token_authenticate(*, raw: str) -> ApiToken | None:
     token = (
         ApiToken.objects.select_related("user")
         .filter(token_hash=hash_secret(raw), revoked_at__isnull=True, user__is_active=True)
         .first()
     )
-    if token is not None:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    if token is not None and (token.last_used_at is None or now - token.last_used_at >= TOKEN_USE_RESOLUTION):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
     return token
 
 

@@ -101,6 +101,19 @@ def test_api_token_shown_once_stored_hashed_and_revocable(client, user, password
     assert client.post(f"/accounts/tokens/{token.pk}/revoke/").status_code == 404
 
 
+def test_a_tokens_last_use_is_written_once_a_minute_not_per_request(user):
+    from ai1net.accounts import services
+
+    token, raw = services.api_token_create(user=user, name="agent")
+    first = services.api_token_authenticate(raw=raw).last_used_at
+    assert first is not None and ApiToken.objects.get().last_used_at == first
+    assert services.api_token_authenticate(raw=raw).last_used_at == first  # a burst: no write
+    assert ApiToken.objects.get().last_used_at == first
+    ApiToken.objects.update(last_used_at=first - services.TOKEN_USE_RESOLUTION)
+    later = services.api_token_authenticate(raw=raw).last_used_at
+    assert later > first and ApiToken.objects.get().last_used_at == later
+
+
 def test_someone_elses_token_is_404(api, other_user):
     from ai1net.accounts import services
 
