@@ -700,10 +700,12 @@ class RelayLink(streams.QueueLink):
     """One stream to a tunnel held by another daphne process, through that process's relay; through the
     channel layer (as ``TunnelLink``) when the relay cannot take it."""
 
-    def __init__(self, tunnel_channel: str, address: str, layer: Any, *, binary: bool = False) -> None:
+    def __init__(self, tunnel_channel: str, address: str, layer: Any, *, binary: bool = False,
+                 reply_channel: str | None = None) -> None:
         super().__init__(tunnel_channel, binary=binary)
         self.address = address
         self.layer = layer
+        self.layer_reply = reply_channel  # where the layer brings the device's frames, if it must (else a new one)
         self.connection: Connection | None = None
         self.via_layer = False
 
@@ -739,7 +741,7 @@ class RelayLink(streams.QueueLink):
     async def _open_via_layer(self, method: str | None, params: dict[str, Any] | None) -> None:
         self.via_layer = True
         self.connection = None
-        self.reply = await self.layer.new_channel()
+        self.reply = self.layer_reply or await self.layer.new_channel()
         await streams.TunnelLink.open(self, method, params)
 
     async def _send(self, message: dict[str, Any]) -> None:

@@ -212,11 +212,13 @@ class LocalLink(QueueLink):
         self.queue.clear()
 
 
-async def link_to(device: Any) -> TunnelLink:
+async def link_to(device: Any, reply_channel: str | None = None) -> TunnelLink:
     """One stream's way (an HTTP request's, a WebSocket's) to ``device``'s live tunnel: in-process when the
     tunnel consumer runs here (``DEVICE_WEB_IN_PROCESS``, on by default); else straight to the stream relay of
     the daphne process that holds it (``Device.relay``, scaled out: devices.web.relay), which falls back to the
-    channel layer when that relay cannot take the stream; else through the channel layer."""
+    channel layer when that relay cannot take the stream; else through the channel layer. Through the layer,
+    the device's frames come to ``reply_channel`` (a consumer's own channel, read by its dispatch) or to a new
+    channel that ``receive`` reads."""
     from devices.consumers import local_tunnel
     from devices.web import relay
 
@@ -226,9 +228,14 @@ async def link_to(device: Any) -> TunnelLink:
         return LocalLink(tunnel, binary=binary)
     layer = get_channel_layer()
     if getattr(device, "relay", "") and relay.enabled(layer):
-        return relay.RelayLink(device.channel_name, device.relay, layer, binary=binary)
+        return relay.RelayLink(device.channel_name, device.relay, layer, binary=binary, reply_channel=reply_channel)
     # No custom prefix: channels-redis reads every process-local channel from one list per prefix.
-    return TunnelLink(layer, device.channel_name, await layer.new_channel(), binary=binary)
+    return TunnelLink(layer, device.channel_name, reply_channel or await layer.new_channel(), binary=binary)
+
+
+def through_layer(link: TunnelLink) -> bool:
+    """Whether the device's frames on this link come through the channel layer (not to ``put``)."""
+    return not isinstance(link, QueueLink) or bool(getattr(link, "via_layer", False))
 
 
 class Credit:

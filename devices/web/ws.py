@@ -7,8 +7,10 @@ a refusal rejects the handshake (403). Frames carry a per-direction seq and use 
 as HTTP bodies; browser frames beyond our credit wait in a bounded buffer. Closes propagate both ways.
 
 The stream takes the HTTP path's link (``streams.link_to``): straight to the tunnel consumer when it runs in
-this process, to the stream relay of the daphne process that holds it, else through the channel layer. A
-task reads the device's side from the link; it and the browser's messages are handled one at a time.
+this process, to the stream relay of the daphne process that holds it, else through the channel layer.
+Through the layer the device's frames come to this consumer's own channel (its dispatch reads it, as
+Channels reads every consumer's); otherwise a task reads them from the link. Either way they and the
+browser's messages are handled one at a time.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         port = int(kwargs["port"])
         prefix = streams.prefix_of(device.pk, port)
         path = streams.strip_prefix(self.scope.get("raw_path") or self.scope["path"].encode("latin-1"))
-        self.link = await streams.link_to(device)
+        self.link = await streams.link_to(device, reply_channel=self.channel_name)
         self.credit = streams.Credit(self.link.window)
         self.receipts = streams.Receipts(self.link.window)
         try:
@@ -77,7 +79,8 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         except streams.LinkLost:
             await self._end(None)
             return
-        self.reader = asyncio.create_task(self._read_device())
+        if not streams.through_layer(self.link):
+            self.reader = asyncio.create_task(self._read_device())
         self.open_timer = asyncio.create_task(self._open_deadline())
 
     async def _open_deadline(self) -> None:
@@ -93,11 +96,11 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         await self._stop_tasks()
         await self.close(code=code if self.accepted else None)
         if self.link is not None:
-            await self.link.close(reset, drain=True)
+            await self.link.close(reset)
 
     async def _stop_tasks(self) -> None:
-        """The open timer and the device's reader, unless one of them is ending the socket itself. The
-        link is read here no more (``close(drain=True)`` reads it to the tunnel's last word)."""
+        """The open timer and the link's reader, unless one of them is ending the socket itself (the
+        reader waits on its link's queue, never on the channel layer: cancelling it loses nothing)."""
         for task in (self.open_timer, self.reader):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -156,28 +159,31 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
                                                               "reason": ""})
             except streams.LinkLost:
                 pass
-            await self.link.close(drain=True)
+            await self.link.close()
 
     # --- device -> browser ---------------------------------------------------------------------------
     async def _read_device(self) -> None:
-        """The device's messages on this stream, as the link brings them (``device.stream`` frames, then
-        ``device.stream.closed`` when the tunnel forgets the stream or closes)."""
+        """The device's messages on this stream from the link's queue (in process, or a stream relay)."""
         while not self.closed:
             message = await self.link.receive()
-            async with self.turn:
-                if self.closed:
-                    return
-                if message.get("type") == "device.stream.closed":
-                    if message.get("stream") == self.link.stream:
-                        self.link.opened = False  # the tunnel is gone: nothing to forget there
-                        await self._end(None)
-                        return
-                else:
-                    await self._from_device(message)
+            if message.get("type") == "device.stream.closed":
+                await self.device_stream_closed(message)
+            else:
+                await self.device_stream(message)
+
+    async def device_stream(self, message: dict[str, Any]) -> None:
+        """A frame of the device's on this stream (from the reader, or the layer through dispatch)."""
+        async with self.turn:
+            if not self.closed and self.link is not None and message.get("stream") == self.link.stream:
+                await self._from_device(message)
+
+    async def device_stream_closed(self, message: dict[str, Any]) -> None:
+        async with self.turn:
+            if self.link is not None and message.get("stream") == self.link.stream:
+                self.link.opened = False  # the tunnel is gone: nothing to forget there
+                await self._end(None)
 
     async def _from_device(self, message: dict[str, Any]) -> None:
-        if message.get("stream") != self.link.stream:
-            return
         frame = message.get("frame") or {}
         method, params = frame.get("method"), frame.get("params") or {}
         if method == protocol.WEB_WS_ACCEPT and not self.accepted:
