@@ -806,7 +806,7 @@ def _tunnel_sql(vendor: str) -> str:
 
 
 class _CallWaiter:
-    """A call's reply target in this process: the tunnel consumer (or the relay's connection) ``put``s it."""
+    """A call's reply target when the tunnel consumer runs on the caller's loop: the consumer ``put``s it."""
 
     def __init__(self) -> None:
         self.reply: asyncio.Future = asyncio.get_running_loop().create_future()
