@@ -36,6 +36,9 @@ connection is not: between hosts, keep it on a private network):
   that writes its ``device.call.reply`` {call_id, response} back to B; a tunnel no longer A's answers at
   once as a closed tunnel does (``device_offline``). A call B cannot send this way goes through the layer;
   one sent when the connection is lost ends with DeviceOffline (the device may have run it: never resent).
+  A device's message that A cannot send on (it does not encode, or encoded it is past ``MAX_MESSAGE_BYTES``:
+  msgpack spends 9 bytes on a float JSON wrote in 4) is refused in place, a call's reply as an error and a
+  stream's frame as a reset of that stream: B would close the connection, and every stream on it, otherwise.
 
 A tunnel that is not (or no longer) held by A's process gets ``relay.not_here``, and B sends the stream
 through the channel layer (``TunnelLink``) instead; so does a relay B cannot reach or authenticate with
@@ -202,7 +205,10 @@ def _keepalive(transport: asyncio.BaseTransport) -> None:
 
 
 def _write(transport: asyncio.WriteTransport, message: dict[str, Any]) -> None:
-    head, payload = encode(message)
+    _write_encoded(transport, *encode(message))
+
+
+def _write_encoded(transport: asyncio.WriteTransport, head: bytes, payload: bytes) -> None:
     if len(payload) > SEPARATE_PAYLOAD:
         transport.write(head)
         transport.write(payload)  # sent from where it is when the socket takes it at once
@@ -288,8 +294,19 @@ class _Served:
         self.closed = False
 
     def send(self, message: dict[str, Any]) -> None:
-        if not self.closed and not self.writer.is_closing():
-            _write(self.writer.transport, message)
+        if self.closed or self.writer.is_closing():
+            return
+        try:
+            head, payload = encode(message)
+        except (TypeError, ValueError, OverflowError):  # msgpack: an integer past 64 bits, say
+            head, payload = b"", b""
+        if not head or len(head) - _LENGTHS.size + len(payload) > MAX_MESSAGE_BYTES:
+            # What a device sent, re-encoded, may not fit a relay message (msgpack spends 9 bytes on a float
+            # JSON wrote in 4) or not encode at all: the dialler would close the connection, and every stream
+            # on it with this one. The device's message is refused instead, as its own stream or call fails.
+            logger.warning("a %s from a device cannot be relayed; refused", message.get("type"))
+            head, payload = encode(_refused(message))
+        _write_encoded(self.writer.transport, head, payload)
 
     async def handle(self, message: dict[str, Any]) -> None:
         kind, stream = message["type"], message["stream"]
@@ -380,6 +397,18 @@ class _CallReply:
 
     def put(self, message: dict[str, Any]) -> None:
         self.served.send({**message, "stream": ""})
+
+
+def _refused(message: dict[str, Any]) -> dict[str, Any]:
+    """What the dialler gets in place of a device's message that cannot be relayed: an error for a call's
+    reply, a reset of the stream for a stream's frame."""
+    if message.get("type") == CALL_REPLY:
+        return {"type": CALL_REPLY, "stream": "", "call_id": str(message.get("call_id")), "response": {"error": {
+            "code": protocol.APPLICATION_ERROR, "message": "the device's answer cannot be relayed",
+            "data": {"code": "device_error"}}}}
+    return {"type": "device.stream", "stream": str(message.get("stream")), "frame": {
+        "jsonrpc": "2.0", "method": protocol.WEB_RESET,
+        "params": {"reason": protocol.WEB_RESET_UPSTREAM_ERROR, "detail": "the device's frame cannot be relayed"}}}
 
 
 def _offline(call_id: str) -> dict[str, Any]:

@@ -355,3 +355,34 @@ async def test_a_call_takes_the_channel_layer_when_the_relay_cannot_take_it(tunn
     assert await relay.call(address, tunnel.channel_name, call) is None
     await asyncio.sleep(0.05)
     assert not tunnel.forwarded
+
+
+@pytest.mark.parametrize("result", [
+    2 ** 70,  # past msgpack's 64 bits
+    [1e10] * ((relay.MAX_MESSAGE_BYTES // 9) + 1),  # 6 bytes a float in JSON ("1e10,"), 9 in msgpack: too large
+], ids=["big-integer", "expands-past-the-bound"])
+async def test_a_device_answer_that_cannot_be_relayed_fails_its_call_and_spares_the_connection(tunnel, monkeypatch,
+                                                                                             result):
+    monkeypatch.setattr(relay, "enabled", lambda layer: True)
+    address = await relay.serve()
+    link = relay.RelayLink(tunnel.channel_name, address, get_channel_layer(), binary=True)
+    await link.open(protocol.WEB_OPEN, {"port": 20001})  # another stream on the same connection
+    sink = tunnel.streams[link.stream]
+    calling = asyncio.create_task(relay.call(address, tunnel.channel_name, {
+        "type": relay.CALL, "call_id": "p-1", "method": "probe.read", "params": {}}))
+    await tunnel.wait_for(2)
+    tunnel.forwarded[1]["reply_channel"].put({"type": relay.CALL_REPLY, "call_id": "p-1",
+                                              "response": {"result": result}})
+    reply = await asyncio.wait_for(calling, 5)
+    assert reply["response"]["error"]["data"]["code"] == "device_error"
+    # A stream's frame alike: that stream is reset, the connection and its other streams live on.
+    sink.put(stream_message(link.stream, protocol.WEB_RESPONSE, status=200, headers=[], extra=result))
+    reset = await receive(link)
+    assert reset["frame"]["method"] == protocol.WEB_RESET
+    assert reset["frame"]["params"]["reason"] == protocol.WEB_RESET_UPSTREAM_ERROR
+    assert not link.connection.closed
+    calling = asyncio.create_task(relay.call(address, tunnel.channel_name, {
+        "type": relay.CALL, "call_id": "p-2", "method": "m", "params": {}}))
+    await tunnel.wait_for(3)
+    tunnel.forwarded[2]["reply_channel"].put({"type": relay.CALL_REPLY, "call_id": "p-2", "response": {"result": 1}})
+    assert (await asyncio.wait_for(calling, 5))["response"] == {"result": 1}  # the same connection still carries
