@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench.report import Row, append  # noqa: E402
+from bench.report import Row, append, p50_p99, pct  # noqa: E402
 from clients.common.credentials import Credential, save_credential  # noqa: E402
 
 PY = sys.executable
@@ -332,12 +332,10 @@ def ws_figures(world: World, clients: dict[str, httpx.Client], samples: int) -> 
             urls[name] = (f"ws://{host}/d/{world.device_id}/{world.ws_port}/echo",
                           f"sessionid={clients[name].cookies['sessionid']}", server)
     times = ws_echo_rtts(urls, samples)
-    pct = lambda values, q: sorted(values)[min(len(values) - 1, round(q * (len(values) - 1)))]  # noqa: E731
     direct = times.pop("direct")
     labels = {"through": "on the daphne holding the tunnel", "cross": "on the other daphne (its stream relay)"}
     for name, values in times.items():
-        print(f"  WebSocket echo, 200 B, {labels[name]}: p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms; "
-              f"direct p50 {pct(direct, .5):.2f} / p99 {pct(direct, .99):.2f} ms; "
+        print(f"  WebSocket echo, 200 B, {labels[name]}: {p50_p99(values)}; direct {p50_p99(direct)}; "
               f"p50 ratio {pct(values, .5) / pct(direct, .5):.2f}", flush=True)
 
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from bench.deviceweb import PY, REDIS_URL, World, postgres_database, redis_prefix, wait_for  # noqa: E402
+from bench.report import p50_p99  # noqa: E402
 
 SETUP = """
 import json
@@ -47,15 +48,6 @@ user = User.objects.create_user(username="probebench", password="bench password 
 device, token = services.device_create(owner=user, name="bench-probe", kind="probe")
 print(json.dumps({"device_id": str(device.pk), "token": token, "api": api_token_create(user=user, name="agent")[1]}))
 """
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
-
-
-def ms(values: list[float]) -> str:
-    return f"p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms"
 
 
 def measure(client: httpx.Client, commands: int, path: str) -> tuple[list[float], list[float]]:
@@ -111,7 +103,7 @@ def run_config(config: str, base: dict[str, str], commands: int) -> None:
             print(f"\n== {config}: {daphnes} daphne; a read command through the API beside GET /api/probes/<probe>")
             for label, client in zip(labels, clients, strict=False):
                 reads, floor = measure(client, commands, str(target))
-                print(f"  probe read {label}: {ms(reads)}; the bare API request {ms(floor)}; p50 ratio "
+                print(f"  probe read {label}: {p50_p99(reads)}; the bare API request {p50_p99(floor)}; p50 ratio "
                       f"{statistics.median(reads) / statistics.median(floor):.2f}", flush=True)
             for client in clients:
                 client.close()

@@ -35,6 +35,16 @@ class Row:
         return _COMPARE[op](self.value, float(limit))
 
 
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile of values (nearest rank), as every benchmark reports its p50 and p99."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def p50_p99(values: list[float]) -> str:
+    return f"p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms"
+
+
 def append(path: str | Path | None, rows: list[Row]) -> None:
     """Add rows to the JSON list in ``path`` (created if missing); no-op without a path."""
     if not path:

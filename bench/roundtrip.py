@@ -65,7 +65,7 @@ VENV_BIN = Path(sys.executable).parent
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 
-from bench.report import Row, append  # noqa: E402
+from bench.report import Row, append, pct  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
 from clients.bridge.hooks_install import hook_command, precompile_hook  # noqa: E402
 
@@ -85,11 +85,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
 def ms(start: float, end: float) -> float:

@@ -60,7 +60,8 @@ VENV_BIN = Path(sys.executable).parent
 
 import websockets  # noqa: E402
 
-from bench.report import Row, append  # noqa: E402
+from bench.report import Row, append, pct  # noqa: E402
+from bench.report import p50_p99 as ms  # noqa: E402
 from clients import protocol  # noqa: E402
 
 PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 160})  # ~200 bytes
@@ -116,11 +117,6 @@ class Server:
 def _raise_nofile() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
 # --- clients ----------------------------------------------------------------------------------
@@ -562,10 +558,6 @@ def commit_floor(url: str, samples: int) -> list[float]:
             times.append((time.perf_counter() - start) * 1000)
         conn.execute("DROP TABLE bench_commit_probe")
     return times
-
-
-def ms(values: list[float]) -> str:
-    return f"p50 {pct(values, .5):.2f} / p99 {pct(values, .99):.2f} ms"
 
 
 async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, str]], args,
