@@ -82,6 +82,12 @@ _web_tunnels: dict[str, DeviceConsumer] = {}
 _STREAM_END = frozenset({protocol.WEB_END, protocol.WEB_RESET, protocol.WEB_WS_CLOSE})
 
 
+def offline_reply(call_id: str) -> dict[str, Any]:
+    """A call's reply when its tunnel is closed or not there (``device_offline``)."""
+    return {"type": "device.call.reply", "call_id": call_id, "response": {"error": {
+        "code": protocol.APPLICATION_ERROR, "message": "the device disconnected", "data": {"code": "device_offline"}}}}
+
+
 def local_tunnel(channel_name: str) -> DeviceConsumer | None:
     """The live tunnel consumer ``channel_name`` when it runs in this process and this event loop."""
     tunnel = _web_tunnels.get(channel_name) if channel_name else None
@@ -668,9 +674,7 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
             await self._to_stream(reply_channel, str(message["stream"]), None)
 
     async def _offline_reply(self, call_id: str, reply_channel: Any) -> None:
-        await self._call_reply(reply_channel, {"type": "device.call.reply", "call_id": call_id, "response": {
-            "error": {"code": protocol.APPLICATION_ERROR, "message": "the device disconnected",
-                      "data": {"code": "device_offline"}}}})
+        await self._call_reply(reply_channel, offline_reply(call_id))
 
     # --- end ----------------------------------------------------------------------------------
 

@@ -361,7 +361,7 @@ class _Served:
     async def _call(self, message: dict[str, Any]) -> None:
         """A platform -> device call from the dialling process (``call``) for a tunnel of this one; its reply
         goes back on this connection. A tunnel not (or no longer) here answers as a closed tunnel does."""
-        from devices.consumers import local_tunnel
+        from devices.consumers import local_tunnel, offline_reply
 
         channel, call_id, method, params = (message.get(key) for key in ("tunnel", "call_id", "method", "params"))
         if not (isinstance(channel, str) and isinstance(call_id, str) and 0 < len(call_id) <= MAX_CALL_ID
@@ -370,7 +370,7 @@ class _Served:
         reply = _CallReply(self)
         tunnel = local_tunnel(channel)
         if tunnel is None:
-            reply.put(_offline(call_id))
+            reply.put(offline_reply(call_id))
             return
         await tunnel.device_call({"type": "device.call", "call_id": call_id, "reply_channel": reply,
                                   "method": method, "params": params})
@@ -409,11 +409,6 @@ def _refused(message: dict[str, Any]) -> dict[str, Any]:
     return {"type": "device.stream", "stream": str(message.get("stream")), "frame": {
         "jsonrpc": "2.0", "method": protocol.WEB_RESET,
         "params": {"reason": protocol.WEB_RESET_UPSTREAM_ERROR, "detail": "the device's frame cannot be relayed"}}}
-
-
-def _offline(call_id: str) -> dict[str, Any]:
-    return {"type": CALL_REPLY, "call_id": call_id, "response": {"error": {
-        "code": protocol.APPLICATION_ERROR, "message": "the device disconnected", "data": {"code": "device_offline"}}}}
 
 
 async def _ring(message: dict[str, Any]) -> None:

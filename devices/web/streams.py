@@ -63,6 +63,8 @@ class TunnelLink:
     """One stream's way to the device: frames out via the tunnel consumer's channel, frames back on our
     own reply channel. ``binary``: the device takes binary data frames (and the larger window)."""
 
+    via_layer = True  # the device's frames come through the channel layer (False: to ``put``)
+
     def __init__(self, layer: Any, tunnel_channel: str, reply_channel: Any, *, binary: bool = False) -> None:
         self.layer = layer
         self.tunnel = tunnel_channel
@@ -149,6 +151,8 @@ class QueueLink(TunnelLink):
     ``receive``. The queue is bounded like a channel: a device that sends past its credit gets the stream
     reset, never our memory filled."""
 
+    via_layer = False
+
     def __init__(self, tunnel_channel: str, *, binary: bool = False) -> None:
         super().__init__(None, tunnel_channel, self, binary=binary)
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
@@ -231,11 +235,6 @@ async def link_to(device: Any, reply_channel: str | None = None) -> TunnelLink:
         return relay.RelayLink(device.channel_name, device.relay, layer, binary=binary, reply_channel=reply_channel)
     # No custom prefix: channels-redis reads every process-local channel from one list per prefix.
     return TunnelLink(layer, device.channel_name, reply_channel or await layer.new_channel(), binary=binary)
-
-
-def through_layer(link: TunnelLink) -> bool:
-    """Whether the device's frames on this link come through the channel layer (not to ``put``)."""
-    return not isinstance(link, QueueLink) or bool(getattr(link, "via_layer", False))
 
 
 class Credit:

@@ -79,7 +79,7 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
         except streams.LinkLost:
             await self._end(None)
             return
-        if not streams.through_layer(self.link):
+        if not self.link.via_layer:
             self.reader = asyncio.create_task(self._read_device())
         self.open_timer = asyncio.create_task(self._open_deadline())
 
@@ -234,7 +234,6 @@ class DeviceWebSocketConsumer(LoopDispatch, AsyncWebsocketConsumer):
                 await self.link.frame(protocol.WEB_CREDIT, {"bytes": owed})
             except streams.LinkLost:
                 await self._end(None)
-
 
 
 def _browser_close_code(code: object) -> int:
