@@ -51,9 +51,8 @@ class Dispatcher:
         try:
             with self._lock:
                 self._start()
-                pool = self._pool
-            assert pool is not None
-            pool.submit(self._device_owner_waiting, device_id)
+                assert self._pool is not None
+                self._pool.submit(self._device_owner_waiting, device_id)
         except Exception:  # noqa: BLE001 - as in waiting()
             logger.exception("notify: could not schedule a notice")
 
@@ -77,11 +76,28 @@ class Dispatcher:
             self._thread = threading.Thread(target=self._loop, name="notify-dispatch", daemon=True)
             self._thread.start()
 
+    def close(self) -> None:
+        """Drop the sends not yet due, stop the thread and wait for the sends running. A later notice starts
+        the dispatcher afresh. Tests close theirs so that no send of one test runs in the next."""
+        with self._lock:
+            self._heap.clear()
+            self._due.clear()
+            thread, pool = self._thread, self._pool
+            self._thread = self._pool = None
+            self._lock.notify_all()
+        if thread is not None:
+            thread.join()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def _loop(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._lock:
-                while not self._heap or self._heap[0][0] > time.monotonic():
+                while self._thread is me and (not self._heap or self._heap[0][0] > time.monotonic()):
                     self._lock.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                if self._thread is not me:
+                    return  # closed
                 _due, user_id = heapq.heappop(self._heap)
                 del self._due[user_id]
                 now = time.monotonic()
@@ -90,9 +106,8 @@ class Dispatcher:
                 for stale in [uid for uid, at in self._last.items() if now - at > window and uid not in self._due]:
                     del self._last[stale]
                 self._last[user_id] = now
-                pool = self._pool
-            assert pool is not None
-            pool.submit(send_waiting, user_id)
+                assert self._pool is not None
+                self._pool.submit(send_waiting, user_id)
 
 
 def send_waiting(user_id: Any) -> dict | None:

@@ -58,6 +58,21 @@ def _database_threads_settle(request):
 
 
 @pytest.fixture(autouse=True)
+def _notices_stay_in_their_test(request, monkeypatch):
+    """Every test gets a notice dispatcher of its own, closed when it ends. The process-wide one sent a
+    question's notice from its thread while a later test ran, and a coalesced one up to 5 s after: without
+    database access there, it logged an error into that test (PostgreSQL CI, a fuzz test's error log)."""
+    from notify import dispatch, receivers
+
+    if request.node.get_closest_marker("django_db") is not None:
+        request.getfixturevalue("_django_db_helper")  # torn down after this fixture: a running send ends first
+    dispatcher = dispatch.Dispatcher()
+    monkeypatch.setattr(receivers, "dispatcher", dispatcher)
+    yield dispatcher
+    dispatcher.close()
+
+
+@pytest.fixture(autouse=True)
 def _own_channel_layer():
     """Every test gets a channel layer of its own. A test runs event loops one after another (its own,
     async_to_sync's) in one process, where a daphne runs one: channels-redis keeps asyncio locks in the

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from notify import dispatch, receivers, vapid
+from notify import vapid
 
 
 def b64url(raw: bytes) -> str:
@@ -93,8 +93,9 @@ def browser_keys() -> BrowserKeys:
 
 
 @pytest.fixture(autouse=True)
-def _notify_settings(settings, tmp_path, monkeypatch):
-    """Keys made in a temporary file, local targets allowed, a fresh dispatcher with a short window."""
+def _notify_settings(settings, tmp_path):
+    """Keys made in a temporary file, local targets allowed, a short window (for the test's own dispatcher,
+    tests/conftest.py)."""
     settings.VAPID_PRIVATE_KEY = ""
     settings.VAPID_PUBLIC_KEY = ""
     settings.VAPID_KEY_FILE = tmp_path / "vapid.json"
@@ -102,7 +103,6 @@ def _notify_settings(settings, tmp_path, monkeypatch):
     settings.NOTIFY_ALLOW_PRIVATE_TARGETS = True
     settings.NOTIFY_COALESCE_SEC = 0.3
     settings.NOTIFY_TIMEOUT_SEC = 5
-    monkeypatch.setattr(receivers, "dispatcher", dispatch.Dispatcher())
     vapid._cache.clear()
     yield
     vapid._cache.clear()

@@ -136,6 +136,34 @@ def test_the_dispatcher_sends_at_once_then_once_per_window(settings, monkeypatch
     by_user = {uid: [at - start for u, at in sent if u == uid] for uid in (1, 2)}
     assert len(by_user[1]) == 2 and by_user[1][0] < 0.2 and 0.35 <= by_user[1][1] < 1.5
     assert len(by_user[2]) == 1 and by_user[2][0] < 0.2
+    dispatcher.close()
+
+
+def test_closing_the_dispatcher_drops_what_is_due_later_and_waits_for_what_runs(settings, monkeypatch):
+    settings.NOTIFY_COALESCE_SEC = 0.3
+    started, release = threading.Event(), threading.Event()
+    sent: list[int] = []
+
+    def slow_send(user_id):
+        started.set()
+        release.wait(5)
+        sent.append(user_id)
+
+    monkeypatch.setattr(dispatch, "send_waiting", slow_send)
+    dispatcher = dispatch.Dispatcher()
+    dispatcher.waiting(1)
+    assert started.wait(5)
+    dispatcher.waiting(1)  # coalesced: due at the window's end
+    thread = dispatcher._thread
+    threading.Timer(0.2, release.set).start()
+    dispatcher.close()
+    assert sent == [1]  # the running send ended before close returned
+    time.sleep(0.5)
+    assert sent == [1]  # the one due later never ran
+    assert thread is not None and not thread.is_alive()
+    dispatcher.waiting(2)  # a closed dispatcher starts afresh
+    wait_until(lambda: sent == [1, 2], timeout=5, message="a send after close")
+    dispatcher.close()
 
 
 @pytest.mark.django_db  # send_waiting closes the thread's old connection first: one left open here is checked
