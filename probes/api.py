@@ -165,11 +165,12 @@ class ProbeCommandsApi(ProbesView):
         wait = _wait(request.data.get("wait"), DEFAULT_WAIT_SEC)
         device = selectors.probe_access(user=request.user, probe=probe)
         via = ProbeCommand.Via.API if _is_agent(request) else ProbeCommand.Via.STUDIO
+        mark = selectors.outcomes.mark()
         command = services.command_create(
             user=request.user, device=device, op=request.data.get("op"), args=request.data.get("args"),
             via=via, ip=_ip(request),
         )
-        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait)
+        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait, first=command, since=mark)
         return _command_response(command)
 
 
@@ -198,9 +199,10 @@ class CommandApproveApi(ProbesView):
         if seen_hash is not None and not isinstance(seen_hash, str):
             raise ValidationFailed("args_hash: must be a string.")
         wait = _wait(data.get("wait"), 0.0)
+        mark = selectors.outcomes.mark()
         command = services.command_approve(user=request.user, command_id=command_id, seen_hash=seen_hash,
                                            ip=_ip(request))
-        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait)
+        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait, first=command, since=mark)
         return _command_response(command)
 
 

@@ -195,7 +195,7 @@ def command_reject(*, user: Any, command_id: Any, ip: str | None = None) -> Prob
                            code="not_awaiting_approval")
         _audit(command, actor=user, action="probe.command.rejected", ip=ip)
     command.refresh_from_db()
-    _notify_finished()
+    selectors.outcomes.publish(command)
     room_post(command=command, text=f"✘ skipped by {user.get_username()}: {_request_line(command)}")
     return command
 
@@ -256,7 +256,7 @@ def command_preview_build(*, command_id: Any) -> None:
     ProbeCommand.objects.filter(pk=command.pk, state=State.AWAITING_APPROVAL).update(
         preview=_without_nul(preview[:PREVIEW_CHARS])
     )
-    _notify_finished()
+    selectors.outcomes.publish()
 
 
 def commands_expire(*, now: Any = None) -> int:
@@ -283,7 +283,7 @@ def commands_expire(*, now: Any = None) -> int:
         state=State.FAILED, finished_at=now, error={"code": "lost", "detail": "The platform did not send it in time."}
     )
     if count:
-        _notify_finished()
+        selectors.outcomes.publish()
     return count
 
 
@@ -294,37 +294,45 @@ def commands_fail_in_flight(*, device: Device) -> int:
         error={"code": "device_offline", "detail": "The probe disconnected before answering."},
     )
     if count:
-        _notify_finished()
+        selectors.outcomes.publish()
     return count
 
 
 # --- helpers ------------------------------------------------------------------------------------
 
 def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dict | None = None) -> None:
+    """Store the outcome of a sent command, unless one is already stored. ``command`` is left as its row then
+    is (without reading it back: the UPDATE wrote what is set here) and handed to this process's waiters."""
     in_flight = ProbeCommand.objects.filter(pk=command.pk, state=State.SENT)
     try:
         limits.check("probe.result", result, "result")
     except limits.LimitExceeded as exc:  # declared in clients.limits: store the refusal, not the result
         state, result, error = State.FAILED, None, {"code": "too_large", "detail": str(exc)}
+    outcome = {"state": state, "result": _without_nul(result), "error": _without_nul(error),
+               "finished_at": timezone.now()}
     try:
         # The outcome and its post in the Studio room commit together: whoever sees one sees both.
         with transaction.atomic():
-            finished = in_flight.update(
-                state=state, result=_without_nul(result), error=_without_nul(error), finished_at=timezone.now()
-            )
+            finished = in_flight.update(**outcome)
             if finished:
-                command.refresh_from_db()
+                _set(command, outcome)
                 room_post(command=command, text=_summary(command))
     except DatabaseError:  # never leave it `sent`: the caller would wait for nothing
         logger.exception("could not store the outcome of probe command %s", command.pk)
-        finished = in_flight.update(state=State.FAILED, finished_at=timezone.now(), error={
-            "code": "internal_error", "detail": "The probe answered, but the answer could not be stored."})
+        outcome = {"state": State.FAILED, "result": None, "finished_at": timezone.now(), "error": {
+            "code": "internal_error", "detail": "The probe answered, but the answer could not be stored."}}
+        finished = in_flight.update(**outcome)
         if finished:
-            command.refresh_from_db()
+            _set(command, outcome)
             room_post(command=command, text=_summary(command))
     if not finished:  # already failed (disconnect) or swept: the first outcome stands
         return
-    _notify_finished()
+    selectors.outcomes.publish(command)
+
+
+def _set(command: ProbeCommand, fields: dict[str, Any]) -> None:
+    for name, value in fields.items():
+        setattr(command, name, value)
 
 
 def _audit(command: ProbeCommand, *, actor: Any, action: str, ip: str | None = None, **extra: Any) -> None:
@@ -343,11 +351,6 @@ def _without_nul(value: Any) -> Any:
     if isinstance(value, dict):
         return {_without_nul(key): _without_nul(item) for key, item in value.items()}
     return value
-
-
-def _notify_finished() -> None:
-    with selectors.finished:
-        selectors.finished.notify_all()
 
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=32, thread_name_prefix="probes")
