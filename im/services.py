@@ -67,7 +67,11 @@ def room_close(*, room: Room) -> Room:
 
 
 def room_get_or_create_studio(*, user: Any, device: Any) -> Room:
-    """The user's Studio room for one device (probes post their results here)."""
+    """The user's Studio room for one device (probes post their results here). Each probe command's outcome
+    asks: the room, unique per owner and device, is read by a statement written once (``sql.one_by``)."""
+    room = sql.one_by(Room, kind=Room.Kind.STUDIO, owner=user, device=device)
+    if room is not None:
+        return room
     room, _ = _get_or_create_room(
         lookup={"kind": Room.Kind.STUDIO, "owner": user, "device": device},
         create={"kind": Room.Kind.STUDIO, "owner": user, "device": device, "title": f"Studio: {device.name}"},

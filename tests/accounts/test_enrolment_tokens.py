@@ -3,7 +3,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import RequestFactory
+from django.utils import timezone
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from rest_framework.exceptions import AuthenticationFailed
 
@@ -112,6 +114,22 @@ def test_a_tokens_last_use_is_written_once_a_minute_not_per_request(user):
     ApiToken.objects.update(last_used_at=first - services.TOKEN_USE_RESOLUTION)
     later = services.api_token_authenticate(raw=raw).last_used_at
     assert later > first and ApiToken.objects.get().last_used_at == later
+
+
+def test_a_token_is_refused_once_revoked_or_its_user_deactivated(user, django_assert_num_queries):
+    from ai1net.accounts import services
+
+    token, raw = services.api_token_create(user=user, name="agent")
+    ApiToken.objects.update(last_used_at=timezone.now())
+    with django_assert_num_queries(2):  # the token by its hash, its user by key; the last use is recent
+        found = services.api_token_authenticate(raw=raw)
+    assert found.pk == token.pk and found.user == user and found.user.username == "alice"
+    assert services.api_token_authenticate(raw=raw + "x") is None
+    get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+    assert services.api_token_authenticate(raw=raw) is None
+    get_user_model().objects.filter(pk=user.pk).update(is_active=True)
+    services.api_token_revoke(user=user, token_id=token.pk)
+    assert services.api_token_authenticate(raw=raw) is None
 
 
 def test_someone_elses_token_is_404(api, other_user):
