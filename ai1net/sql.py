@@ -96,8 +96,8 @@ def insert_if(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
 
 
 @functools.cache
-def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...],
-                     also: str = "") -> tuple[str, list[tuple[Any, list, Any]]]:
+def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...], also: str = "",
+                     limit: int = 0) -> tuple[str, list[tuple[Any, list, Any]]]:
     qn, meta = connection.ops.quote_name, model._meta
     plan = []
     for field in meta.concrete_fields:
@@ -107,7 +107,22 @@ def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...],
     selected = ", ".join([*(qn(field.column) for field, _, _ in plan), *([f"({also})"] if also else [])])
     # Names from the model's _meta (and the caller's written expression), values as parameters.
     sql = f"SELECT {selected} FROM {qn(meta.db_table)} WHERE {where}"  # noqa: S608
-    return sql, plan
+    return sql + (f" LIMIT {int(limit)}" if limit else ""), plan
+
+
+def _column_values(model: type, values: dict[str, Any]) -> list[Any]:
+    meta = model._meta
+    return [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), connection)
+            for name, value in values.items()]
+
+
+def _from_row(model: type, plan: list[tuple[Any, list, Any]], row: Any) -> Any:
+    converted = []
+    for value, (_field, converters, col) in zip(row[:len(plan)], plan, strict=True):
+        for converter in converters:
+            value = converter(value, col, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, [field.attname for field, _, _ in plan], converted)
 
 
 def one_by(model: type, **values: Any) -> Any:
@@ -117,24 +132,24 @@ def one_by(model: type, **values: Any) -> Any:
     return one_by_also(model, "", [], **values)[0]
 
 
+def some_by(model: type, limit: int, **values: Any) -> list[Any]:
+    """Up to ``limit`` rows of an equality lookup, in no order, as ``one_by`` reads one (e.g. two, to tell
+    a name that names one row from one that names several)."""
+    sql, plan = _by_columns_plan(connection.vendor, model, tuple(values), "", limit)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _column_values(model, values))
+        rows = cursor.fetchall()
+    return [_from_row(model, plan, row) for row in rows]
+
+
 def one_by_also(model: type, also: str, also_params: list[Any], **values: Any) -> tuple[Any, Any]:
     """``one_by`` and, in the same statement, one more value about that row: ``also``, a written SQL
     expression (it may name the model's table, e.g. in an EXISTS) whose parameters come first. Returns
     (the object or None, the value or None)."""
-    names = tuple(values)
-    sql, plan = _by_columns_plan(connection.vendor, model, names, also)
-    meta = model._meta
-    params = [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), connection)
-              for name, value in values.items()]
+    sql, plan = _by_columns_plan(connection.vendor, model, tuple(values), also)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*also_params, *params])
+        cursor.execute(sql, [*also_params, *_column_values(model, values)])
         row = cursor.fetchone()
     if row is None:
         return None, None
-    converted = []
-    for value, (_field, converters, col) in zip(row[:len(plan)], plan, strict=True):
-        for converter in converters:
-            value = converter(value, col, connection)
-        converted.append(value)
-    obj = model.from_db(connection.alias, [field.attname for field, _, _ in plan], converted)
-    return obj, (row[len(plan)] if also else None)
+    return _from_row(model, plan, row), (row[len(plan)] if also else None)

@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 from django.utils import timezone
 
+from ai1net import sql
 from ai1net.exceptions import NotFound
 from devices.models import Device
 from probes.models import ProbeCommand
@@ -64,14 +65,10 @@ class Outcomes:
 outcomes = Outcomes()
 
 
-def _active_probes(user: Any) -> QuerySet[Device]:
-    return Device.objects.filter(owner=user, kind=Device.Kind.PROBE, status=Device.Status.ACTIVE)
-
-
 def probes_for_user(*, user: Any) -> QuerySet[Device]:
     """The user's active probes, online ones first, then the most recently seen."""
     return (
-        _active_probes(user)
+        Device.objects.filter(owner=user, kind=Device.Kind.PROBE, status=Device.Status.ACTIVE)
         .annotate(_offline=Case(When(channel_name="", then=Value(1)), default=Value(0), output_field=IntegerField()))
         .order_by("_offline", "-last_seen_at", "-created_at")
     )
@@ -84,11 +81,11 @@ def probe_access(*, user: Any, probe: str) -> Device:
         key = uuid.UUID(str(probe))
     except ValueError:
         device = None
-    else:  # an id names one probe: no order to compile (compiling the ordered query took twice as long)
-        device = _active_probes(user).filter(pk=key).first()
+    else:  # statements written once (sql): every agent's request asks, and Django compiled each anew
+        device = sql.one_by(Device, owner=user, kind=Device.Kind.PROBE, status=Device.Status.ACTIVE, id=key)
     if device is None:
         # Most names name one probe: up to two are read without the order, which only namesakes need.
-        named = list(_active_probes(user).filter(name=probe)[:2])
+        named = sql.some_by(Device, 2, owner=user, kind=Device.Kind.PROBE, status=Device.Status.ACTIVE, name=probe)
         if len(named) == 1:
             device = named[0]
         elif named:

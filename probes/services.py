@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import functools
 import json
 import logging
 import os
@@ -23,10 +24,12 @@ from typing import Any
 
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connections, transaction
+from django.contrib.auth import get_user_model
+from django.db import DatabaseError, close_old_connections, connections, router, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ai1net import sql
 from ai1net.exceptions import ApplicationError, Conflict, RateLimited
 from clients import limits
 from devices.models import Device
@@ -115,7 +118,7 @@ def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = 
         command = ProbeCommand.objects.create(
             **fields, state=State.APPROVED, approval_hash=fields["args_hash"], approved_at=now
         )
-        transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk))
+        transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk, device=device, owner=user))
     return command
 
 
@@ -127,8 +130,7 @@ def _check_capacity(*, user: Any, device: Device, op: str) -> None:
             owner=user, state=State.AWAITING_APPROVAL).count() >= MAX_AWAITING_PER_USER
 
     def in_flight_full() -> bool:
-        return ProbeCommand.objects.filter(device=device, state__in=[State.APPROVED, State.SENT]
-                                           ).count() >= MAX_IN_FLIGHT
+        return _in_flight_count(device) >= MAX_IN_FLIGHT
 
     if awaiting_full() or in_flight_full():
         commands_expire()  # then count again
@@ -138,6 +140,25 @@ def _check_capacity(*, user: Any, device: Device, op: str) -> None:
     if in_flight_full():
         raise RateLimited(f"{MAX_IN_FLIGHT} commands are already running on this probe; wait for some to end.",
                           code="too_many_in_flight")
+
+
+def _in_flight_count(device: Device) -> int:
+    """``ProbeCommand.objects.filter(device=device, state__in=[approved, sent]).count()`` as a statement
+    written once: every command an agent makes counts, and Django compiled the count anew each time."""
+    conn = connections[router.db_for_read(ProbeCommand)]
+    with conn.cursor() as cursor:
+        cursor.execute(_in_flight_sql(conn.vendor), [
+            ProbeCommand._meta.get_field("device").get_db_prep_value(device.pk, conn), State.APPROVED, State.SENT])
+        return cursor.fetchone()[0]
+
+
+@functools.cache
+def _in_flight_sql(vendor: str) -> str:
+    conn = connections[router.db_for_read(ProbeCommand)]
+    meta, qn = ProbeCommand._meta, conn.ops.quote_name
+    # Names from the model's _meta, values as parameters.
+    return (f"SELECT COUNT(*) FROM {qn(meta.db_table)} WHERE {qn(meta.get_field('device').column)} = %s "  # noqa: S608
+            f"AND {qn(meta.get_field('state').column)} IN (%s, %s)")
 
 
 _SWEEP_EVERY_SEC = 30.0
@@ -175,7 +196,8 @@ def command_approve(*, user: Any, command_id: Any, seen_hash: str | None = None,
             code = "expired" if command.state == State.EXPIRED else "not_awaiting_approval"
             raise Conflict(f"This command is {command.state.replace('_', ' ')}, not awaiting approval.", code=code)
         _audit(command, actor=user, action="probe.command.approved", ip=ip)
-        transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk))
+        transaction.on_commit(lambda: _in_background(command_send, command_id=command.pk, device=command.device,
+                                                     owner=user))
     command.refresh_from_db()
     room_post(command=command, text=f"✔ approved by {user.get_username()}: {_request_line(command)}")
     return command
@@ -200,16 +222,25 @@ def command_reject(*, user: Any, command_id: Any, ip: str | None = None) -> Prob
     return command
 
 
-def command_send(*, command_id: Any) -> ProbeCommand | None:
+def command_send(*, command_id: Any, device: Device | None = None, owner: Any = None) -> ProbeCommand | None:
     """Consume the approval (approved → sent, once) and call the probe. Returns None when another
-    caller consumed it first or the command is no longer approved."""
+    caller consumed it first or the command is no longer approved.
+
+    ``device`` and ``owner``: the command's, as the caller that approved it holds them (else read)."""
     now = timezone.now()
     consumed = ProbeCommand.objects.filter(
         pk=command_id, state=State.APPROVED, approval_hash=F("args_hash")
     ).update(state=State.SENT, sent_at=now)
     if not consumed:
         return None
-    command = ProbeCommand.objects.select_related("device", "owner").get(pk=command_id)
+    # The row as it is now, by a statement written once (the joined ORM read was compiled on every command).
+    command = sql.one_by(ProbeCommand, id=command_id)
+    if command is None:  # deleted with its probe meanwhile
+        return None
+    command.device = device if device is not None and device.pk == command.device_id else (
+        Device.objects.get(pk=command.device_id))
+    command.owner = owner if owner is not None and owner.pk == command.owner_id else (
+        get_user_model().objects.get(pk=command.owner_id))
     if args_hash(command.op, command.args) != command.approval_hash:
         # The stored arguments are not what was approved (the row changed): never send them.
         _finish(command, state=State.FAILED,
