@@ -226,8 +226,8 @@ TOKEN_USE_RESOLUTION = dt.timedelta(minutes=1)
 
 def api_token_authenticate(*, raw: str) -> ApiToken | None:
     """The live token (with its active user) whose secret this is. Two statements written once (``sql.one_by``:
-    the token by its unique hash, the user by key): every agent's API request asks, and Django compiling the
-    one joined read cost more than running both (344 us against well under 100, this machine)."""
+    the token by its unique hash, the user by key): every agent's API request asks, and the one joined ORM
+    read took 504 us where both take 55 (SQLite, a loop in one process on this machine)."""
     token = sql.one_by(ApiToken, token_hash=hash_secret(raw))
     if token is None or token.revoked_at is not None:
         return None
@@ -236,7 +236,7 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
         return None
     token.user = user
     now = timezone.now()
-    if token is not None and (token.last_used_at is None or now - token.last_used_at >= TOKEN_USE_RESOLUTION):
+    if token.last_used_at is None or now - token.last_used_at >= TOKEN_USE_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
     return token
