@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -165,12 +166,14 @@ class ProbeCommandsApi(ProbesView):
         wait = _wait(request.data.get("wait"), DEFAULT_WAIT_SEC)
         device = selectors.probe_access(user=request.user, probe=probe)
         via = ProbeCommand.Via.API if _is_agent(request) else ProbeCommand.Via.STUDIO
-        mark = selectors.outcomes.mark()
-        command = services.command_create(
-            user=request.user, device=device, op=request.data.get("op"), args=request.data.get("args"),
-            via=via, ip=_ip(request),
-        )
-        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait, first=command, since=mark)
+        command_id = uuid.uuid4()
+        with selectors.command_watched(command_id) as mark:
+            command = services.command_create(
+                user=request.user, device=device, op=request.data.get("op"), args=request.data.get("args"),
+                via=via, ip=_ip(request), command_id=command_id,
+            )
+            command = selectors.command_wait(user=request.user, command_id=command_id, wait=wait, first=command,
+                                             since=mark)
         return _command_response(command)
 
 
@@ -199,10 +202,11 @@ class CommandApproveApi(ProbesView):
         if seen_hash is not None and not isinstance(seen_hash, str):
             raise ValidationFailed("args_hash: must be a string.")
         wait = _wait(data.get("wait"), 0.0)
-        mark = selectors.outcomes.mark()
-        command = services.command_approve(user=request.user, command_id=command_id, seen_hash=seen_hash,
-                                           ip=_ip(request))
-        command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait, first=command, since=mark)
+        with selectors.command_watched(command_id) as mark:
+            command = services.command_approve(user=request.user, command_id=command_id, seen_hash=seen_hash,
+                                               ip=_ip(request))
+            command = selectors.command_wait(user=request.user, command_id=command.pk, wait=wait, first=command,
+                                             since=mark)
         return _command_response(command)
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db.models import Case, IntegerField, QuerySet, Value, When
@@ -24,30 +25,43 @@ class Outcomes:
 
     - A count of changes, read by a waiter before it reads the row: a change between its read and its wait
       wakes it at once (a bare condition's notify came before the wait, and the waiter slept POLL_SEC).
-    - The last commands to end here, as their ending left them: a waiter here takes its command from them
-      and does not read it again (a read command's two reads of its row were 15% of daphne's busy samples
-      under bench/probe.py). A final command never changes again, so what is kept stays true.
+    - The commands that end here while a waiter here watches them, as their ending left them: the waiter takes
+      its command from there and does not read it again (a read command's two reads of its row were 15% of
+      daphne's busy samples under bench/probe.py). A final command never changes again, so what is kept stays
+      true; it is dropped when its last waiter leaves, so no more results are held than waiters are answering
+      (each may be up to 4 MiB).
     """
-
-    KEEP = 256
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
         self.count = 0
-        self.final: OrderedDict[uuid.UUID, ProbeCommand] = OrderedDict()
+        self.watched: dict[uuid.UUID, int] = {}  # command id -> waiters watching it
+        self.final: dict[uuid.UUID, ProbeCommand] = {}
 
     def mark(self) -> int:
         with self.changed:
             return self.count
 
+    @contextmanager
+    def watching(self, key: uuid.UUID) -> Iterator[None]:
+        with self.changed:
+            self.watched[key] = self.watched.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self.changed:
+                left = self.watched.pop(key) - 1
+                if left:
+                    self.watched[key] = left
+                else:
+                    self.final.pop(key, None)
+
     def publish(self, command: ProbeCommand | None = None) -> None:
         """Commands changed (``command``, when one did and the caller holds it as it is now)."""
         with self.changed:
             self.count += 1
-            if command is not None and command.is_final:
+            if command is not None and command.is_final and command.pk in self.watched:
                 self.final[command.pk] = command
-                while len(self.final) > self.KEEP:
-                    self.final.popitem(last=False)
             self.changed.notify_all()
 
     def final_here(self, *, user: Any, key: uuid.UUID) -> ProbeCommand | None:
@@ -136,6 +150,15 @@ def approvals_for_user(*, user: Any) -> QuerySet[ProbeCommand]:
     )
 
 
+@contextmanager
+def command_watched(command_id: Any) -> Iterator[int]:
+    """While inside, an outcome of the command in this process is kept for its ``command_wait`` (a caller
+    that writes the command enters first, so an outcome that comes at once is not missed). Yields the
+    outcomes' mark, the ``since`` of that wait."""
+    with outcomes.watching(_command_key(command_id)):
+        yield outcomes.mark()
+
+
 def command_wait(*, user: Any, command_id: Any, wait: float, through_approval: bool = False,
                  first: ProbeCommand | None = None, since: int = 0) -> ProbeCommand:
     """Re-read the command until it is final or `wait` seconds pass. A command awaiting approval
@@ -146,19 +169,20 @@ def command_wait(*, user: Any, command_id: Any, wait: float, through_approval: b
     key = _command_key(command_id)
     deadline = time.monotonic() + max(0.0, wait)
     command, mark = first, since
-    while True:
-        if command is None:
-            mark = outcomes.mark()
-            command = outcomes.final_here(user=user, key=key) or command_access(user=user, command_id=key)
-        if command.is_final:
-            return command
-        if command.state == ProbeCommand.State.AWAITING_APPROVAL and not through_approval:
-            return command
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return command
-        outcomes.wait(mark, min(POLL_SEC, remaining))
-        command = None
+    with outcomes.watching(key):
+        while True:
+            if command is None:
+                mark = outcomes.mark()
+                command = outcomes.final_here(user=user, key=key) or command_access(user=user, command_id=key)
+            if command.is_final:
+                return command
+            if command.state == ProbeCommand.State.AWAITING_APPROVAL and not through_approval:
+                return command
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return command
+            outcomes.wait(mark, min(POLL_SEC, remaining))
+            command = None
 
 
 def command_describe(command: ProbeCommand) -> dict[str, Any]:

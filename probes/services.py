@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -83,7 +84,9 @@ def room_post(*, command: ProbeCommand, text: str) -> None:
 # --- commands ---------------------------------------------------------------------------------
 
 def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = ProbeCommand.Via.API,
-                   ip: str | None = None) -> ProbeCommand:
+                   ip: str | None = None, command_id: uuid.UUID | None = None) -> ProbeCommand:
+    """``command_id``: the new command's id, when the caller watches for its outcome before it exists
+    (``selectors.command_watched``); else a new one."""
     op, args = validate(op, args)
     if device.owner_id != user.pk or device.kind != Device.Kind.PROBE:
         raise ApplicationError("No such probe.", code="probe_not_found", status=404)
@@ -91,8 +94,8 @@ def command_create(*, user: Any, device: Device, op: Any, args: Any, via: str = 
     _check_capacity(user=user, device=device, op=op)
     now = timezone.now()
     fields: dict[str, Any] = {
-        "owner": user, "device": device, "requested_by": user, "via": via, "op": op, "args": args,
-        "args_hash": args_hash(op, args),
+        "id": command_id or uuid.uuid4(), "owner": user, "device": device, "requested_by": user, "via": via,
+        "op": op, "args": args, "args_hash": args_hash(op, args),
     }
     mode = required_mode(op)
     if mode and mode not in probe_modes(device.capabilities):

@@ -3,6 +3,7 @@ command as its ending left it, without reading its row again, and no wake-up los
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -30,7 +31,9 @@ def reads(monkeypatch):
     return calls
 
 
-def test_a_read_command_is_answered_as_it_ended_without_reading_its_row(client, probe, token, fake_probe, reads):
+def test_a_read_command_is_answered_as_it_ended_without_reading_its_row(client, probe, token, fake_probe, reads,
+                                                                          monkeypatch):
+    monkeypatch.setattr(selectors, "POLL_SEC", 5.0)  # the waiter wakes for the outcome only, not to poll
     fake_probe.answers["probe.read"] = {"content": "line 1\nline 2\n", "offset": 0, "nested": {"n": [1, 2.5, None]}}
     bearer = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     response = client.post(f"/api/probes/{probe.name}/commands", {"op": "read", "args": READ, "wait": 5},
@@ -39,10 +42,23 @@ def test_a_read_command_is_answered_as_it_ended_without_reading_its_row(client, 
     body = response.json()
     assert body["state"] == "done" and body["result"]["nested"] == {"n": [1, 2.5, None]}
     assert reads == []
-    # What the waiter was handed is what the row holds.
+    # What the waiter was handed is what the row holds; it is not kept once the waiter has it.
     stored = ProbeCommand.objects.select_related("device").get(pk=body["id"])
-    assert selectors.command_describe(stored) == selectors.command_describe(selectors.outcomes.final[stored.pk])
+    assert body == json.loads(json.dumps(selectors.command_describe(stored)))
+    assert stored.pk not in selectors.outcomes.final and stored.pk not in selectors.outcomes.watched
     assert body == client.get(f"/api/probes/commands/{body['id']}", **bearer).json()
+    assert reads == [stored.pk]
+
+
+def test_an_outcome_that_comes_before_the_wait_is_kept_for_it(client, probe, token, fake_probe, reads,
+                                                               monkeypatch):
+    """The send runs inline here, so the command has ended before the POST's waiter begins to wait: the view
+    watched for it before writing it."""
+    monkeypatch.setattr(services, "_in_background", lambda function, **kwargs: function(**kwargs))
+    response = client.post(f"/api/probes/{probe.name}/commands", {"op": "read", "args": READ, "wait": 5},
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200 and response.json()["state"] == "done"
+    assert reads == []
 
 
 def test_a_command_that_ended_elsewhere_is_read(api, user, probe, reads):
@@ -71,23 +87,30 @@ def test_an_outcome_between_a_waiters_read_and_its_wait_wakes_it_at_once(user, p
     assert time.monotonic() - started >= 0.25
 
 
-def test_someone_elses_ended_command_is_404_though_kept_for_waiters(user, other_user, probe):
+def test_someone_elses_ended_command_is_404_though_kept_for_waiters(user, other_user, probe, reads):
     command = ProbeCommand.objects.create(owner=user, device=probe, requested_by=user, op="read", args=READ,
                                           args_hash="x", state=ProbeCommand.State.DONE, result={"content": "x"})
-    selectors.outcomes.publish(command)
-    assert selectors.command_wait(user=user, command_id=command.pk, wait=0).pk == command.pk
-    with pytest.raises(NotFound):
-        selectors.command_wait(user=other_user, command_id=command.pk, wait=0)
+    with selectors.command_watched(command.pk):
+        selectors.outcomes.publish(command)
+        assert selectors.command_wait(user=user, command_id=command.pk, wait=0) is command
+        assert reads == []
+        with pytest.raises(NotFound):
+            selectors.command_wait(user=other_user, command_id=command.pk, wait=0)
 
 
-def test_only_the_last_ended_commands_are_kept(user, probe):
+def test_an_outcome_is_kept_only_while_a_waiter_here_watches_it(user, probe):
+    """Results may be 4 MiB each: none is held for nobody."""
     outcomes = selectors.Outcomes()
-    commands = [ProbeCommand(owner=user, device=probe, op="read", args=READ, state=ProbeCommand.State.DONE)
-                for _ in range(selectors.Outcomes.KEEP + 10)]
-    for command in commands:
-        outcomes.publish(command)
-    outcomes.publish(ProbeCommand(owner=user, device=probe, op="read", args=READ, state=ProbeCommand.State.SENT))
-    assert list(outcomes.final) == [c.pk for c in commands[10:]]  # the oldest gone; one not ended never kept
+    ended = [ProbeCommand(owner=user, device=probe, op="read", args=READ, state=ProbeCommand.State.DONE)
+             for _ in range(3)]
+    outcomes.publish(ended[0])  # nobody watches it
+    with outcomes.watching(ended[1].pk):
+        with outcomes.watching(ended[1].pk):  # two waiters
+            outcomes.publish(ended[1])
+            outcomes.publish(ProbeCommand(owner=user, device=probe, op="read", args=READ,
+                                          state=ProbeCommand.State.SENT))  # not ended: never kept
+        assert list(outcomes.final) == [ended[1].pk]  # one waiter left
+    assert outcomes.final == {} and outcomes.watched == {}
 
 
 def test_a_stored_outcome_that_fails_leaves_the_command_as_its_row(user, probe, fake_probe, monkeypatch):
@@ -110,9 +133,10 @@ def test_a_stored_outcome_that_fails_leaves_the_command_as_its_row(user, probe, 
         return real_update(self, **kwargs)
 
     monkeypatch.setattr(QuerySet, "update", update_once_failing)
-    services._finish(command, state=ProbeCommand.State.DONE, result={"content": "x"})
+    with selectors.command_watched(command.pk):
+        services._finish(command, state=ProbeCommand.State.DONE, result={"content": "x"})
+        assert selectors.outcomes.final[command.pk] is command
     stored = ProbeCommand.objects.get(pk=command.pk)
     assert failed and stored.state == command.state == ProbeCommand.State.FAILED
     assert stored.error == command.error and stored.error["code"] == "internal_error"
     assert stored.result is command.result is None and stored.finished_at == command.finished_at
-    assert selectors.outcomes.final[command.pk] is command
