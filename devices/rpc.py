@@ -19,9 +19,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from ai1net import sql
 from ai1net.exceptions import ApplicationError, PayloadTooLarge, ValidationFailed
 from ai1net.limits import enforce_storable
 from clients import limits, protocol
+from devices import selectors
 from devices.models import Device, DeviceRequest
 
 logger = logging.getLogger(__name__)
@@ -66,13 +68,18 @@ def dispatch(device: Device, request_id: Any, method: str, params: dict[str, Any
         enforce_storable(params, "params")
     except ValidationFailed as exc:
         return _error(protocol.INVALID_PARAMS, exc.detail, {"code": exc.code, "detail": exc.detail, **exc.extra})
-    stored = DeviceRequest.objects.filter(device=device, request_id=key).values_list("response", flat=True).first()
+    # Every request a device makes reads and writes its record (the bridge's hooks, a question): statements
+    # written once, where Django compiled them anew each time (ai1net.sql, devices.selectors).
+    stored = sql.one_by(DeviceRequest, device=device, request_id=key)
     if stored is not None:
-        return stored
+        return stored.response
     try:
         # Handlers see the device and its owner as they are now, not as they were when the tunnel
         # opened: switches (mobile reply, device web) change while a connection lives.
-        device = Device.objects.select_related("owner").get(pk=device.pk)
+        fresh = selectors.device_with_owner(device_id=device.pk)
+        if fresh is None:
+            raise Device.DoesNotExist(device.pk)
+        device = fresh
         with transaction.atomic():
             try:
                 with transaction.atomic():
@@ -83,7 +90,7 @@ def dispatch(device: Device, request_id: Any, method: str, params: dict[str, Any
             except ApplicationError as exc:
                 response = _error(protocol.APPLICATION_ERROR, exc.detail,
                                   {"code": exc.code, "detail": exc.detail, **exc.extra})
-            DeviceRequest.objects.create(device=device, request_id=key, method=method[:64], response=response)
+            sql.insert(DeviceRequest(device=device, request_id=key, method=method[:64], response=response))
     except IntegrityError:
         # The same id ran concurrently and committed first: its response stands, ours rolled back.
         stored = DeviceRequest.objects.filter(device=device, request_id=key).values_list("response", flat=True).first()

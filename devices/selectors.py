@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -36,14 +37,24 @@ def device_by_token(*, raw_token: str) -> Device | None:
     compiled once per database vendor (compiling it cost several times what running it does)."""
     if not raw_token:
         return None
+    return _device_with_owner_by("token_hash", hash_secret(raw_token))
+
+
+def device_with_owner(*, device_id: Any) -> Device | None:
+    """``Device.objects.select_related("owner").get(pk=device_id)`` (None when gone), as ``device_by_token``
+    reads: every request a device makes reads its device and owner as they are now (devices.rpc)."""
+    return _device_with_owner_by("id", device_id)
+
+
+def _device_with_owner_by(field: str, value: Any) -> Device | None:
     db = router.db_for_read(Device)
     conn = connections[db]
-    prepared = _TOKEN_READ.get(conn.vendor)
+    prepared = _DEVICE_READS.get((conn.vendor, field))
     if prepared is None:
-        prepared = _TOKEN_READ[conn.vendor] = _prepare_token_read(db)
+        prepared = _DEVICE_READS[conn.vendor, field] = _prepare_device_read(db, field)
     sql, compiler, converters, (start, end), init_list, populators = prepared
     with conn.cursor() as cursor:
-        cursor.execute(sql, [hash_secret(raw_token)])
+        cursor.execute(sql, [Device._meta.get_field(field).get_db_prep_value(value, conn)])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -55,15 +66,18 @@ def device_by_token(*, raw_token: str) -> Device | None:
     return device
 
 
-_TOKEN_READ: dict[str, tuple] = {}
+_DEVICE_READS: dict[tuple[str, str], tuple] = {}  # (vendor, column's field) -> _prepare_device_read's
 
 
-def _prepare_token_read(db: str) -> tuple:
-    """``Device.objects.select_related("owner").get(token_hash=...)`` taken apart as Django's
-    ModelIterable does it: the SQL, the column converters, and how a row becomes the two models."""
-    compiler = Device.objects.select_related("owner").filter(token_hash="?").order_by().query.get_compiler(using=db)
+def _prepare_device_read(db: str, field: str) -> tuple:
+    """``Device.objects.select_related("owner").get(<field>=...)`` taken apart as Django's ModelIterable does
+    it: the SQL, the column converters, and how a row becomes the two models. Compiled with a stand-in
+    value, which must come out as the statement's one parameter."""
+    stand_in = {"token_hash": "?", "id": uuid.UUID(int=0)}[field]
+    compiler = Device.objects.select_related("owner").filter(**{field: stand_in}).order_by().query.get_compiler(
+        using=db)
     sql, params = compiler.as_sql()
-    if list(params) != ["?"]:
+    if list(params) != [Device._meta.get_field(field).get_db_prep_value(stand_in, connections[db])]:
         raise RuntimeError(f"unexpected parameters {params!r}")
     converters = compiler.get_converters([column[0] for column in compiler.select[:compiler.col_count]])
     klass_info = compiler.klass_info

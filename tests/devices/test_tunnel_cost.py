@@ -256,3 +256,43 @@ async def test_a_lost_hand_over_is_found_by_the_sweep(user, settings, monkeypatc
     await db(services.outbox_enqueue)(device=device, kind="k", payload={})
     assert (await dev.delivers(1, timeout=3))[0]["seq"] == 1
     await dev.close()
+
+
+def test_the_device_read_by_id_compiled_once_gives_what_the_orm_gives(user):
+    from devices import selectors
+
+    device, _token = services.device_create(owner=user, name="d", kind="bridge")
+    for _ in range(2):
+        got = selectors.device_with_owner(device_id=device.pk)
+        expected = Device.objects.select_related("owner").get(pk=device.pk)
+        assert [getattr(got, f.attname) for f in Device._meta.concrete_fields] == [
+            getattr(expected, f.attname) for f in Device._meta.concrete_fields]
+        assert Device.owner.is_cached(got) and got.owner.username == user.username
+    assert selectors.device_with_owner(device_id=Device._meta.pk.get_default()) is None
+
+
+def test_a_device_request_compiles_no_query_once_warm(user, monkeypatch):
+    """Every request a device makes (a hook's event, a question) reads its record and its device and writes
+    the record: statements written once, not compiled by Django per request."""
+    from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler
+
+    from devices.models import DeviceRequest
+    from devices.rpc import dispatch
+
+    device, _token = services.device_create(owner=user, name="d", kind="bridge")
+    assert dispatch(device, "warm", "devices.ping", {})["result"]["pong"] is True
+    compiled: list[str] = []
+
+    def counting(real):
+        def counted(self, *args, **kwargs):
+            compiled.append(type(self).__name__)
+            return real(self, *args, **kwargs)
+        return counted
+
+    for compiler in (SQLCompiler, SQLInsertCompiler):
+        monkeypatch.setattr(compiler, "as_sql", counting(compiler.as_sql))
+    assert dispatch(device, "r1", "devices.ping", {}) == {"result": {"pong": True, "device_id": str(device.pk)}}
+    assert dispatch(device, "r1", "devices.ping", {}) == {"result": {"pong": True, "device_id": str(device.pk)}}
+    assert compiled == []
+    monkeypatch.undo()
+    assert DeviceRequest.objects.get(device=device, request_id="r1").response["result"]["pong"] is True
