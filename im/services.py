@@ -212,8 +212,8 @@ def text_post(*, actor: Any, room_id: Any, text: str) -> Message:
 
 def panel_create(*, room: Room | None = None, room_id: Any = None, kind: str, spec: dict,
                  message: Message | None = None, ref_id: str = "", state: str = "open") -> Panel:
-    panel = Panel.objects.create(room_id=room.pk if room is not None else room_id, message=message, kind=kind,
-                                 spec=spec, ref_id=ref_id, state=state)
+    panel = sql.insert(Panel(room_id=room.pk if room is not None else room_id, message=message, kind=kind,
+                             spec=spec, ref_id=ref_id, state=state))
     events.panel_updated(panel)
     return panel
 

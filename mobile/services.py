@@ -293,7 +293,7 @@ def question_create(*, device: Device, question_id: str, session_id: str, questi
                                          spec={"question_id": str(qid), "session_id": session_id,
                                                "questions": questions, "expires_at": question.expires_at.isoformat(),
                                                **({"permission": permission} if permission else {})})
-        Question.objects.filter(pk=qid).update(panel=panel)
+        sql.update_by(Question, {"panel": panel}, id=qid)
         question.panel = panel
         question.session = session
         # Last before the commit: the audit chain's lock is held from here to the commit.

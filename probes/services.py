@@ -337,7 +337,9 @@ def commands_fail_in_flight(*, device: Device) -> int:
 def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dict | None = None) -> None:
     """Store the outcome of a sent command, unless one is already stored. ``command`` is left as its row then
     is (without reading it back: the UPDATE wrote what is set here) and handed to this process's waiters."""
-    in_flight = ProbeCommand.objects.filter(pk=command.pk, state=State.SENT)
+    def in_flight_update(values: dict[str, Any]) -> int:  # written once (ai1net.sql): every command ends here
+        return sql.update_by(ProbeCommand, values, id=command.pk, state=State.SENT)
+
     try:
         limits.check("probe.result", result, "result")
     except limits.LimitExceeded as exc:  # declared in clients.limits: store the refusal, not the result
@@ -347,7 +349,7 @@ def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dic
     try:
         # The outcome and its post in the Studio room commit together: whoever sees one sees both.
         with transaction.atomic():
-            finished = in_flight.update(**outcome)
+            finished = in_flight_update(outcome)
             if finished:
                 _set(command, outcome)
                 room_post(command=command, text=_summary(command))
@@ -355,7 +357,7 @@ def _finish(command: ProbeCommand, *, state: str, result: Any = None, error: dic
         logger.exception("could not store the outcome of probe command %s", command.pk)
         outcome = {"state": State.FAILED, "result": None, "finished_at": timezone.now(), "error": {
             "code": "internal_error", "detail": "The probe answered, but the answer could not be stored."}}
-        finished = in_flight.update(**outcome)
+        finished = in_flight_update(outcome)
         if finished:
             _set(command, outcome)
             room_post(command=command, text=_summary(command))

@@ -54,3 +54,21 @@ def test_the_in_flight_count_is_the_orms(user):
                                     args_hash="x", state=state)
     assert services._in_flight_count(probe) == 2 == ProbeCommand.objects.filter(
         device=probe, state__in=["approved", "sent"]).count()
+
+
+def test_update_by_writes_what_the_orms_update_writes(user):
+    from django.utils import timezone
+
+    probe = make_probe(user, "a")
+    command = ProbeCommand.objects.create(owner=user, device=probe, requested_by=user, op="read", args={},
+                                          args_hash="x", state="sent", error={"code": "old"})
+    now = timezone.now()
+    outcome = {"state": "done", "result": {"lines": ["x", None, 2.5]}, "error": None, "finished_at": now}
+    assert sql.update_by(ProbeCommand, outcome, id=command.pk, state="sent") == 1
+    assert sql.update_by(ProbeCommand, outcome, id=command.pk, state="sent") == 0  # the condition holds no more
+    command.refresh_from_db()
+    assert (command.state, command.result, command.error, command.finished_at) == (
+        "done", {"lines": ["x", None, 2.5]}, None, now)
+    assert ProbeCommand.objects.filter(pk=command.pk, error__isnull=True).exists()  # SQL NULL, as update() writes
+    assert sql.update_by(ProbeCommand, {"device": make_probe(user, "b")}, id=command.pk) == 1
+    assert ProbeCommand.objects.get(pk=command.pk).device.name == "b"

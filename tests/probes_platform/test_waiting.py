@@ -117,22 +117,23 @@ def test_a_stored_outcome_that_fails_leaves_the_command_as_its_row(user, probe, 
     """The outcome's write fails (here: a room post that breaks the transaction's commit is simulated by an
     UPDATE that raises once): the command handed to waiters says failed, as the row does."""
     from django.db import DatabaseError
-    from django.db.models import QuerySet
+
+    from ai1net import sql
 
     command = services.command_create(user=user, device=probe, op="read", args=READ)
     assert services.background_join(10)
     ProbeCommand.objects.filter(pk=command.pk).update(state=ProbeCommand.State.SENT, result=None, error=None,
                                                       finished_at=None)
     command = ProbeCommand.objects.select_related("device", "owner").get(pk=command.pk)
-    real_update, failed = QuerySet.update, []
+    real_update, failed = sql.update_by, []
 
-    def update_once_failing(self, **kwargs):
-        if not failed and kwargs.get("state") == ProbeCommand.State.DONE:
+    def update_once_failing(model, values, **where):
+        if not failed and values.get("state") == ProbeCommand.State.DONE:
             failed.append(True)
             raise DatabaseError("disk full")
-        return real_update(self, **kwargs)
+        return real_update(model, values, **where)
 
-    monkeypatch.setattr(QuerySet, "update", update_once_failing)
+    monkeypatch.setattr(sql, "update_by", update_once_failing)
     with selectors.command_watched(command.pk):
         services._finish(command, state=ProbeCommand.State.DONE, result={"content": "x"})
         assert selectors.outcomes.final[command.pk] is command
