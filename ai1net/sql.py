@@ -164,14 +164,18 @@ def _update_sql(vendor: str, model: type, columns: tuple[str, ...], where: tuple
     return f"UPDATE {qn(meta.db_table)} SET {assignments} WHERE {conditions}"  # noqa: S608
 
 
+def update_statement(model: type, values: dict[str, Any], where: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The UPDATE of ``update_by`` and its parameters, for a caller that wraps it (e.g. in a WITH)."""
+    meta = model._meta
+    params = [meta.get_field(name).get_db_prep_save(getattr(value, "pk", value), connection)
+              for name, value in values.items()]
+    return _update_sql(connection.vendor, model, tuple(values), tuple(where)), [*params, *_column_values(model, where)]
+
+
 def update_by(model: type, values: dict[str, Any], **where: Any) -> int:
     """``model.objects.filter(**where).update(**values)`` for plain values and equality conditions, as one
     statement written out once per shape (values prepared as ``update()`` prepares them); returns the row
     count. ``update()`` built and compiled its UPDATE anew on every call."""
-    meta = model._meta
-    params = [meta.get_field(name).get_db_prep_save(getattr(value, "pk", value), connection)
-              for name, value in values.items()]
     with connection.cursor() as cursor:
-        cursor.execute(_update_sql(connection.vendor, model, tuple(values), tuple(where)),
-                       [*params, *_column_values(model, where)])
+        cursor.execute(*update_statement(model, values, where))
         return cursor.rowcount

@@ -30,6 +30,7 @@ from ai1net.accounts import ratelimit
 from ai1net.accounts.services import audit_record, hash_secret
 from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, ValidationFailed
 from ai1net.limits import enforce
+from ai1net.sql import update_by, update_statement
 from clients import protocol
 from devices import events, live, selectors
 from devices.errors import DeviceCallError, DeviceOffline, DeviceTimeout
@@ -430,34 +431,25 @@ def _device_hello_locked(*, device_id: Any, channel_name: str, hello: dict[str, 
     return device, older
 
 
-_UPDATE_SQL: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], str] = {}
-
-
 def _device_update(values: dict[str, Any], where: dict[str, Any], *, relax_own_commit: bool = False) -> int:
     """``Device.objects.filter(**where).update(**values)`` (plain fields, equality only) with its SQL
-    written once per shape: presence is written on every connect and close, and building the UPDATE
-    with the ORM cost more CPU than running it. Values are adapted by their fields; returns the row count.
+    written once per shape (``ai1net.sql.update_by``): presence is written on every connect and close, and building
+    the UPDATE with the ORM cost more CPU than running it. Returns the row count.
 
     ``relax_own_commit`` (PostgreSQL, outside a transaction: ``_presence_write``): the UPDATE as a
     data-modifying CTE of a statement that also relaxes the commit of its own implicit transaction, as
     SET LOCAL would (``_relaxed_commit``), the ack's way (``_ack_one_statement``)."""
-    conn = transaction.get_connection()
-    key = (conn.vendor, tuple(values), tuple(where), relax_own_commit)
-    sql = _UPDATE_SQL.get(key)
-    meta, quote = Device._meta, conn.ops.quote_name
-    if sql is None:
-        assignments = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in values)
-        conditions = " AND ".join(f"{quote(meta.get_field(name).column)} = %s" for name in where)
-        # Names from the model's _meta, values as parameters.
-        sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {conditions}"  # noqa: S608
-        if relax_own_commit:
-            sql = f"WITH changed AS ({sql} RETURNING 1) SELECT (SELECT count(*) FROM changed), {_RELAX_OWN_COMMIT}"  # noqa: S608
-        _UPDATE_SQL[key] = sql
-    params = [meta.get_field(name).get_db_prep_save(value, conn) for name, value in values.items()]
-    params += [meta.get_field(name).get_db_prep_value(value, conn) for name, value in where.items()]
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.fetchone()[0]) if relax_own_commit else cursor.rowcount
+    if not relax_own_commit:
+        return update_by(Device, values, **where)
+    update, params = update_statement(Device, values, where)
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_relaxing_own_commit(update), params)
+        return int(cursor.fetchone()[0])
+
+
+@functools.cache
+def _relaxing_own_commit(update: str) -> str:
+    return f"WITH changed AS ({update} RETURNING 1) SELECT (SELECT count(*) FROM changed), {_RELAX_OWN_COMMIT}"  # noqa: S608
 
 
 def device_disconnected(*, device_id: Any, channel_name: str, known: Device | None = None) -> Device | None:
