@@ -29,7 +29,9 @@ def room_create(*, kind: str, owner: Any, device: Any = None, agent_session_id: 
 
 
 def _get_or_create_room(*, lookup: dict, create: dict) -> tuple[Room, bool]:
-    room = Room.objects.filter(**lookup).first()
+    """``lookup`` names at most one room (a unique constraint per kind): it is read by a statement written once
+    (``sql.one_by``), as each probe command's outcome and each agent session's start ask."""
+    room = sql.one_by(Room, **lookup)
     if room is not None:
         return room, False
     try:
@@ -67,11 +69,7 @@ def room_close(*, room: Room) -> Room:
 
 
 def room_get_or_create_studio(*, user: Any, device: Any) -> Room:
-    """The user's Studio room for one device (probes post their results here). Each probe command's outcome
-    asks: the room, unique per owner and device, is read by a statement written once (``sql.one_by``)."""
-    room = sql.one_by(Room, kind=Room.Kind.STUDIO, owner=user, device=device)
-    if room is not None:
-        return room
+    """The user's Studio room for one device (probes post their results here)."""
     room, _ = _get_or_create_room(
         lookup={"kind": Room.Kind.STUDIO, "owner": user, "device": device},
         create={"kind": Room.Kind.STUDIO, "owner": user, "device": device, "title": f"Studio: {device.name}"},

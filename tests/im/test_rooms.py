@@ -38,6 +38,17 @@ def test_session_room_and_studio_room_are_get_or_create(room, user):
 
 
 @pytest.mark.django_db
+def test_an_existing_room_is_found_in_one_statement_as_the_orm_reads_it(room, user, django_assert_num_queries):
+    studio = services.room_get_or_create_studio(user=user, device=room.device)
+    with django_assert_num_queries(2):  # each room by its unique lookup, written once (ai1net.sql)
+        found = services.room_get_or_create_studio(user=user, device=room.device)
+        again = services.room_open_for_session(owner=user, device=room.device, agent_session_id="s1")
+    for got, stored in ((found, Room.objects.get(pk=studio.pk)), (again, Room.objects.get(pk=room.pk))):
+        assert [getattr(got, f.attname) for f in Room._meta.concrete_fields] == [
+            getattr(stored, f.attname) for f in Room._meta.concrete_fields]
+
+
+@pytest.mark.django_db
 def test_a_message_has_one_author(room, user):
     from ai1net.exceptions import ValidationFailed
 
