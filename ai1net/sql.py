@@ -7,10 +7,12 @@ daphne, more than the statements themselves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.db import connection, connections, models, router
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, router
 from django.db.models import signals
 
 _inserts: dict[tuple[str, str], str] = {}  # (vendor, model label) -> INSERT ... RETURNING pk
@@ -70,15 +72,29 @@ def insert_if(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
     it did. On PostgreSQL, for a model ``written_in_one``, both are one statement and one round trip:
     ``WITH gate AS (... RETURNING 1) INSERT ... SELECT ... FROM gate``. Elsewhere (SQLite has no
     data-modifying WITH) the gate's row count decides, then ``insert``."""
+    return insert_if_later(obj, gate, gate_params).value
+
+
+def insert_if_later(obj: models.Model, gate: str, gate_params: list[Any]) -> Later:
+    """``insert_if``, its answer in a ``Later``: inside ``pipelined`` on PostgreSQL known when the pipeline
+    ends, otherwise at once."""
     model, meta = type(obj), obj._meta
     connection = connections[router.db_for_write(model, instance=obj)]
-    if connection.vendor != "postgresql" or not written_in_one(model):
+    if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(gate, gate_params)
             wrote = cursor.rowcount > 0
         if wrote:
             insert(obj)
-        return wrote
+        return Later.known(wrote)
+    if not written_in_one(model):
+        def gated(row: Any) -> bool:
+            if row is None:
+                return False
+            insert(obj)  # through save(), for its receivers (in a pipeline, once it has ended)
+            return True
+
+        return run(connection, f"{gate} RETURNING 1", gate_params, gated)
     fields, values = _prepared(obj, connection)
     insert_sql = _insert_sql(connection, meta, fields)
     head, returning = insert_sql.split(" VALUES ", 1)[0], insert_sql.rsplit(" RETURNING ", 1)[1]
@@ -86,13 +102,105 @@ def insert_if(obj: models.Model, gate: str, gate_params: list[Any]) -> bool:
     # from the model's _meta and the caller's statement, values as parameters.
     statement = (f"WITH gate AS ({gate} RETURNING 1) {head} SELECT {', '.join(['%s'] * len(fields))} "  # noqa: S608
                  f"FROM gate RETURNING {returning}")
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [*gate_params, *values])
+
+    def stored(row: Any) -> bool:
+        if row is None:
+            return False
+        _stored(obj, row[0], connection.alias)
+        return True
+
+    return run(connection, statement, [*gate_params, *values], stored)
+
+
+# --- pipelines ------------------------------------------------------------------------------------
+
+_NOT_YET = object()
+
+
+class Later:
+    """What a statement sent by ``run`` gave: its first row, passed through the caller's ``then``. Known
+    at once, or, for a statement sent inside ``pipelined`` on PostgreSQL, once that pipeline has ended."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self) -> None:
+        self._value: Any = _NOT_YET
+
+    @classmethod
+    def known(cls, value: Any) -> Later:
+        later = cls()
+        later._value = value
+        return later
+
+    @property
+    def ready(self) -> bool:
+        return self._value is not _NOT_YET
+
+    @property
+    def value(self) -> Any:
+        if self._value is _NOT_YET:
+            raise RuntimeError("a pipelined statement's result is read after its pipeline ends")
+        return self._value
+
+
+def run(conn: Any, statement: str, params: list[Any], then: Callable[[Any], Any] | None = None) -> Later:
+    """Execute ``statement`` (one that returns rows) on ``conn`` and hand its first row, or None, to
+    ``then``; the ``Later`` holds what ``then`` returned (the row without one). At once, or inside
+    ``pipelined`` on PostgreSQL when that pipeline ends: ``then`` must then not be needed before."""
+    later = Later()
+    conn = connections[conn.alias]  # the connection itself, not ``django.db.connection``'s proxy of it
+    pending = conn.__dict__.get("_sql_pipeline")
+    cursor = conn.cursor()
+    try:
+        cursor.execute(statement, params)
+    except BaseException:
+        cursor.close()
+        raise
+    if pending is not None:
+        pending.append((cursor, later, then))
+        return later
+    with cursor:
         row = cursor.fetchone()
-    if row is None:
-        return False
-    _stored(obj, row[0], connection.alias)
-    return True
+    later._value = then(row) if then is not None else row
+    return later
+
+
+@functools.cache
+def _pipelines_supported() -> bool:
+    import psycopg  # only where PostgreSQL is used
+
+    return psycopg.Pipeline.is_supported()
+
+
+@contextlib.contextmanager
+def pipelined(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
+    """On PostgreSQL, the statements ``run`` sends in this block go to the server one after another
+    without waiting for each other's results (psycopg's pipeline mode, with the transaction's BEGIN), and
+    their results come back together, in one round trip, when the block ends; each statement's ``then``
+    runs there, in order. A statement executed otherwise in the block waits for its result as always. The
+    server runs them in order, and stops at the first that fails: that error is raised at the block's end.
+    Elsewhere, or inside another pipeline (whose end then reads them), this does nothing.
+
+    Each round trip on a hot path is a wait for the database server's process to wake up; a transaction
+    whose writes need nothing from one another need not pay it per statement."""
+    conn = connections[using]
+    if conn.vendor != "postgresql" or "_sql_pipeline" in conn.__dict__ or not _pipelines_supported():
+        yield
+        return
+    conn.ensure_connection()
+    pending: list[tuple[Any, Later, Callable[[Any], Any] | None]] = []
+    conn._sql_pipeline = pending
+    try:
+        with conn.wrap_database_errors, conn.connection.pipeline():
+            yield
+        del conn._sql_pipeline
+        for cursor, later, then in pending:
+            row = cursor.fetchone()
+            later._value = then(row) if then is not None else row
+    finally:
+        conn.__dict__.pop("_sql_pipeline", None)
+        for cursor, _, _ in pending:
+            cursor.close()
 
 
 @functools.cache

@@ -210,6 +210,8 @@ class World:
         self.server_cpu_ms: list[float] = []
         self.floor_ms: list[float] = []
         self.floor_cpu_ms: list[float] = []
+        self.server_db_ms: list[float] = []
+        self.server_db_calls: list[float] = []
         self.last_body: dict = {}
         self.phone: httpx.AsyncClient | None = None
         self.daemon: Daemon | None = None
@@ -297,7 +299,7 @@ class World:
         start = time.perf_counter()
         response = await self.phone.post("/api/mobile/answer", json=body, headers=self.csrf)
         self.answer_ms.append(ms(start, time.perf_counter()))
-        self._timing(response, self.server_ms, self.server_cpu_ms)
+        self._timing(response, self.server_ms, self.server_cpu_ms, self.server_db_ms, self.server_db_calls)
         if response.status_code != 200:
             raise RuntimeError(f"answer refused: {response.status_code} {response.text[:300]}")
         self.last_body = body
@@ -310,12 +312,16 @@ class World:
         self._timing(response, self.floor_ms, self.floor_cpu_ms)
 
     @staticmethod
-    def _timing(response: httpx.Response, wall: list[float], cpu: list[float]) -> None:
+    def _timing(response: httpx.Response, wall: list[float], cpu: list[float], db: list[float] | None = None,
+                db_calls: list[float] | None = None) -> None:
         timing = dict(part.strip().split(";dur=", 1) for part in response.headers.get("server-timing", "").split(",")
                       if ";dur=" in part)
         if "app" in timing:
             wall.append(float(timing["app"]))
             cpu.append(float(timing.get("cpu", "nan")))
+            if db is not None and db_calls is not None:
+                db.append(float(timing.get("db", "nan")))
+                db_calls.append(float(timing.get("dbn", "nan")))
 
     async def stop(self) -> None:
         if self.reader:
@@ -478,6 +484,8 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
         world.server_cpu_ms.clear()
         world.floor_ms.clear()
         world.floor_cpu_ms.clear()
+        world.server_db_ms.clear()
+        world.server_db_calls.clear()
         for n in range(args.questions):  # interleaved, so both see the same conditions
             a, b = await one_hook_question(world, n)
             hook1.append(a)
@@ -504,6 +512,7 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
         ("  of which phone POST /api/mobile/answer", world.answer_ms),
         ("  of which server time (Server-Timing)", world.server_ms),
         ("  server CPU meanwhile (Server-Timing cpu)", world.server_cpu_ms),
+        ("  in database calls (Server-Timing db)", world.server_db_ms),
         ("floor: same POST, stack only (/bench/floor)", world.floor_ms),
         ("  floor: server CPU meanwhile", world.floor_cpu_ms),
         ("hook total: leg 1 + leg 2", [a + b for a, b in zip(hook1, hook2, strict=True)]),
@@ -554,6 +563,8 @@ def report_rows(config: str, echo: list[float], startup: dict[str, list[float]],
                f"CPU time of the phone's daphne process meanwhile: median {pct(world.server_cpu_ms or [0.0], 0.5):.2f}"
                f" ms (the rest of the wall time is waiting: for the database, for a core; 1-min load average "
                f"{os.getloadavg()[0]:.1f} at the end)",
+               f"in database calls (statements and commits, from Django's execute to the result): median "
+               f"{pct(world.server_db_ms or [0.0], 0.5):.2f} ms, {pct(world.server_db_calls or [0.0], 0.5):.0f} calls",
                f"floor, the same POST through the same stack (middleware, session, user, DRF view, switch and "
                f"two-factor checks, serializer) without the answer (/bench/floor): median "
                f"{pct(world.floor_ms or [0.0], 0.5):.2f} ms, CPU {pct(world.floor_cpu_ms or [0.0], 0.5):.2f} ms"])

@@ -13,7 +13,7 @@ import copy
 import functools
 import secrets
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +30,7 @@ from ai1net.accounts import ratelimit
 from ai1net.accounts.services import audit_record, hash_secret
 from ai1net.exceptions import ApplicationError, Conflict, Gone, NotFound, ValidationFailed
 from ai1net.limits import enforce
+from ai1net.sql import run as run_statement
 from ai1net.sql import update_by, update_statement
 from clients import protocol
 from devices import events, live, selectors
@@ -619,28 +620,33 @@ def outbox_enqueue_many(*, device: Device, items: list[tuple[str, dict[str, Any]
     alone = inserted and conn.get_autocommit() and not conn.in_atomic_block
     # No savepoint inside the caller's transaction (two round trips fewer per answer on PostgreSQL):
     # a failure here fails the caller's whole transaction, and no caller goes on after one.
-    with contextlib.nullcontext() if alone else transaction.atomic(savepoint=False):
-        now = timezone.now()
-        if inserted:
-            end, channel_name, relay = _allocate_and_insert_postgresql(conn, device.pk, items, now)
-        else:
-            end, channel_name, relay = _allocate_seqs(device.pk, len(items))
-        first = end - len(items)
-        rows = [OutboxItem(device_id=device.pk, seq=first + i, kind=kind, payload=payload, created_at=now)
-                for i, (kind, payload) in enumerate(items)]
+    now = timezone.now()
+    rows = [OutboxItem(device_id=device.pk, kind=kind, payload=payload, created_at=now) for kind, payload in items]
+
+    def enqueued(end: int, channel_name: str, relay: str) -> None:
+        for seq, row in enumerate(rows, start=end - len(rows)):
+            row.seq = seq
         if not inserted:
             for start in range(0, len(rows), _INSERT_BATCH):
                 _outbox_insert(rows[start:start + _INSERT_BATCH])
         frames = None
         if is_tunnel_channel(channel_name):
-            # Rendered now, as committed: the caller may change its payload dicts before the commit.
+            # Rendered now, as committed: the caller may change its payload dicts before the commit (but not
+            # before the end of a pipeline this was sent in, when this runs).
             frames = [(row.seq, protocol.notification(protocol.DELIVER, {"seq": row.seq, "kind": row.kind,
                                                                           "payload": row.payload}))
                       for row in rows]
             if live.get(channel_name) is not None:
                 transaction.on_commit(functools.partial(live.hand_over, channel_name, frames))
         _ring_once_per_commit(device.pk, channel_name, frames, relay)
-    device.next_seq = end
+        device.next_seq = end
+
+    with contextlib.nullcontext() if alone else transaction.atomic(savepoint=False):
+        if inserted:
+            # In a pipeline (``sql.pipelined``) ``enqueued`` runs when it ends: the rows have their seqs then.
+            _allocate_and_insert_postgresql(conn, device.pk, items, now, enqueued)
+        else:
+            enqueued(*_allocate_seqs(device.pk, len(items)))
     return rows
 
 
@@ -653,10 +659,11 @@ _ALLOCATE_INSERT_SQL: dict[int, str] = {}
 
 
 def _allocate_and_insert_postgresql(conn: Any, device_id: Any, items: list[tuple[str, dict[str, Any]]],
-                                    now: Any) -> tuple[int, str, str]:
+                                    now: Any, then: Callable[[int, str, str], None]) -> None:
     """``_allocate_seqs`` and ``_outbox_insert`` as one PostgreSQL statement (a data-modifying CTE): each
     round trip to the server is a wait on the phone's answer and on every delivery. The UPDATE takes the
-    device row's lock as before; no device, no rows."""
+    device row's lock as before; no device, no rows. ``then`` gets what ``_allocate_seqs`` returns (in a
+    pipeline, when it ends)."""
     count = len(items)
     sql = _ALLOCATE_INSERT_SQL.get(count)
     if sql is None:
@@ -681,12 +688,13 @@ def _allocate_and_insert_postgresql(conn: Any, device_id: Any, items: list[tuple
     params: list[Any] = [count, device_value, device_value, count, created_field.get_db_prep_save(now, conn)]
     for n, (kind, payload) in enumerate(items):
         params += [n, kind, payload_field.get_db_prep_save(payload, conn)]
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        raise NotFound("No such device.")
-    return int(row[0]), row[1] or "", row[2] or ""
+
+    def allocated(row: Any) -> None:
+        if row is None:
+            raise NotFound("No such device.")
+        then(int(row[0]), row[1] or "", row[2] or "")
+
+    run_statement(conn, sql, params, allocated)
 
 
 def _outbox_insert(rows: list[OutboxItem]) -> None:

@@ -126,15 +126,16 @@ def _panel_from_row(conn: Any, panel_id: int, state: str, now: datetime, row: tu
     return Panel(pk=panel_id, state=state, updated_at=now, **values)
 
 
-def _insert_with_seq_postgresql(conn: Any, message: Message, panel_state: tuple[int, str] | None) -> Panel | None:
+def _insert_with_seq_postgresql(conn: Any, message: Message, panel_state: tuple[int, str] | None) -> None:
     """``_next_seq`` and the message's INSERT as one PostgreSQL statement (a data-modifying CTE): one round
     trip fewer on every question and answer. The room row's lock is taken as before; no room, no row.
-    With ``panel_state`` the panel's UPDATE rides along too; returns that panel (None: no such panel)."""
+    With ``panel_state`` the panel's UPDATE rides along too. The message's events are sent (on commit) when
+    its row is back: at once, or in a pipeline (``sql.pipelined``) when that ends."""
     key = (conn.vendor, panel_state is not None)
-    sql = _POST_SQL.get(key)
+    statement = _POST_SQL.get(key)
     room, meta, quote = Room._meta, Message._meta, conn.ops.quote_name
     fields = [meta.get_field(name) for name in _POST_FIELDS]
-    if sql is None:
+    if statement is None:
         next_seq = quote(room.get_field("next_seq").column)
         columns = ", ".join(quote(field.column) for field in fields)
         # Names from the models' _meta, values as parameters.
@@ -147,22 +148,23 @@ def _insert_with_seq_postgresql(conn: Any, message: Message, panel_state: tuple[
             head, insert = post.split(" INSERT INTO ", 1)
             post = (f"{head}, m AS (INSERT INTO {insert}), p AS ({_panel_state_sql(conn)}) "  # noqa: S608
                     f"SELECT m.*, p.* FROM m LEFT JOIN p ON true")
-        sql = _POST_SQL[key] = post
+        statement = _POST_SQL[key] = post
     params = [room.pk.get_db_prep_value(message.room_id, conn)]
     params += [field.get_db_prep_save(getattr(message, field.attname), conn) for field in fields]
     now = timezone.now()
     if panel_state is not None:
         params += _panel_state_params(conn, panel_state[0], panel_state[1], now)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        raise NotFound("No such room.")
-    message.pk, message.seq = row[0], int(row[1])
-    message._state.adding, message._state.db = False, conn.alias
-    if panel_state is None or row[2] is None:  # (a panel's room_id is never null: null is no panel)
-        return None
-    return _panel_from_row(conn, panel_state[0], panel_state[1], now, row[2:])
+
+    def posted(row: Any) -> None:
+        if row is None:
+            raise NotFound("No such room.")
+        message.pk, message.seq = row[0], int(row[1])
+        message._state.adding, message._state.db = False, conn.alias
+        events.message_created(message)  # the message's event first, then its panel's
+        if panel_state is not None and row[2] is not None:  # (a panel's room_id is never null: null is none)
+            events.panel_updated(_panel_from_row(conn, panel_state[0], panel_state[1], now, row[2:]))
+
+    sql.run(conn, statement, params, posted)
 
 
 def message_post(*, room: Room | None = None, room_id: Any = None, author_user: Any = None,
@@ -170,29 +172,27 @@ def message_post(*, room: Room | None = None, room_id: Any = None, author_user: 
                  panel_state: tuple[int, str] | None = None) -> Message:
     """Append a message to ``room`` (or the room ``room_id``, unread); its seq comes from one UPDATE on
     the room row. Two statements, no savepoint: a failure fails the caller's transaction (one statement
-    on PostgreSQL). ``panel_state``: (panel id, state) to set in the same write, as
-    ``panel_state_set_by_id`` sets it; on PostgreSQL in the same statement."""
+    on PostgreSQL, whose seq and key, in a pipeline, the message has when that ends). ``panel_state``:
+    (panel id, state) to set in the same write, as ``panel_state_set_by_id`` sets it; on PostgreSQL in
+    the same statement."""
     if kind not in Message.Kind.values:
         raise ValidationFailed(f"Unknown message kind {kind!r}.")
     if author_user is not None and author_device is not None:
         raise ValidationFailed("A message has one author.")
     room_id = room.pk if room is not None else room_id
-    panel = None
     with transaction.atomic(savepoint=False):
         conn = transaction.get_connection()
         if conn.vendor == "postgresql":
             message = Message(room_id=room_id, author_user=author_user, author_device=author_device, kind=kind,
                               body=body, created_at=timezone.now())
-            panel = _insert_with_seq_postgresql(conn, message, panel_state)
-        else:
-            seq = _next_seq(room_id)
-            message = sql.insert(Message(room_id=room_id, seq=seq, author_user=author_user,
-                                         author_device=author_device, kind=kind, body=body))
-        # Both events leave on commit, the message's first; elsewhere the panel's UPDATE, in this write too.
+            _insert_with_seq_postgresql(conn, message, panel_state)
+            return message
+        seq = _next_seq(room_id)
+        message = sql.insert(Message(room_id=room_id, seq=seq, author_user=author_user,
+                                     author_device=author_device, kind=kind, body=body))
+        # Both events leave on commit, the message's first; the panel's UPDATE is in this write too.
         events.message_created(message)
-        if panel is not None:
-            events.panel_updated(panel)
-        elif panel_state is not None and conn.vendor != "postgresql":
+        if panel_state is not None:
             panel_state_set_by_id(panel_id=panel_state[0], state=panel_state[1])
     return message
 

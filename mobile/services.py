@@ -474,16 +474,21 @@ def _refusal(question: Question, nonce: str, now: datetime) -> ApplicationError:
     return cls(detail, code=code)
 
 
-def _burn(*, question_id: uuid.UUID, nonce_hash: str, now: datetime, answer: Answer) -> bool:
+def _burn(*, question_id: uuid.UUID, nonce_hash: str, now: datetime, answer: Answer) -> sql.Later:
     """The nonce's one conditional UPDATE (pending, this nonce, not expired -> answered); the row it
     changed names the single winner, and only the winner's ``answer`` is written (in the same statement on
-    PostgreSQL: ``sql.insert_if``). Written out once: Django compiling this UPDATE cost more than running it."""
+    PostgreSQL: ``sql.insert_if_later``). Whether it won: at once, or in a pipeline when that ends. Written
+    out once: Django compiling this UPDATE cost more than running it."""
     conn = transaction.get_connection()
     meta = Question._meta
     stamp = meta.get_field("decided_at").get_db_prep_value(now, conn)
-    return sql.insert_if(answer, _burn_sql(conn.vendor), [
+    return sql.insert_if_later(answer, _burn_sql(conn.vendor), [
         Question.State.ANSWERED.value, stamp, meta.pk.get_db_prep_value(question_id, conn),
         Question.State.PENDING.value, nonce_hash, stamp])
+
+
+class _Lost(Exception):
+    """The burn changed no row: the answer's transaction is rolled back, and the refusal named."""
 
 
 @functools.cache
@@ -514,33 +519,47 @@ def answer_submit(*, actor: Any, question_id: Any, nonce: Any, answers: Any, oth
         bound = {"input_hash": question.input_hash, "decision": decision}
     nonce = nonce if isinstance(nonce, str) else ""
     now = timezone.now()
-    with transaction.atomic():
-        won = _burn(question_id=question.pk, nonce_hash=hash_secret(nonce), now=now,
-                    answer=Answer(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen, other=free))
-        if won:
-            # The row as the UPDATE left it (it changed nothing else): no re-read.
-            question.state, question.decided_at = Question.State.ANSWERED, now
-            # The bridge's item first: its doorbell is the first to leave after commit.
-            outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
-                "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
-                **bound,
-            })
-            # The panel follows in the message's write (one statement on PostgreSQL). An answered question has
-            # no state_reason (only a question leaving pending otherwise gets one): the spec stays as it is.
-            im_services.message_post(room_id=question.room_id, author_user=actor, kind=Message.Kind.ANSWER,
-                                     body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
-                                           "other": free},
-                                     panel_state=(question.panel_id, question.state) if question.panel_id else None)
-            # Last before the commit: the audit chain's lock is held from here to the commit.
-            _audit(actor=actor, action="mobile.answer", question=question, subject=actor, ip=ip,
-                   data={"answers": chosen, "other": free, **bound})
+    try:
+        with transaction.atomic():
+            # On PostgreSQL the burn and the writes that follow it go to the server together, one round trip
+            # (each was one); the writes are then sent before the burn is known to have won, and a lost burn
+            # rolls them back. Elsewhere the burn's answer is known at once, and a lost one writes nothing.
+            with sql.pipelined():
+                won = _burn(question_id=question.pk, nonce_hash=hash_secret(nonce), now=now,
+                            answer=Answer(question=question, actor=actor, via=Answer.Via.PHONE, answers=chosen,
+                                          other=free))
+                if not won.ready or won.value:
+                    _answered(question, actor=actor, now=now, chosen=chosen, free=free, bound=bound, ip=ip)
+            if not won.value:
+                raise _Lost
             events.question_updated(question, owner_id=actor.pk)
-    if not won:
+    except _Lost:
         refusal = _refusal(question, nonce, now)
         _audit(actor=actor, action="mobile.answer_refused", question=question, ip=ip,
                data={"reason": refusal.code, "status": refusal.status})
-        raise refusal
+        raise refusal from None
     return {"state": Question.State.ANSWERED.value}
+
+
+def _answered(question: Question, *, actor: Any, now: datetime, chosen: dict, free: dict, bound: dict,
+              ip: str | None) -> None:
+    """The writes of an answer that burned its question's nonce (``answer_submit``)."""
+    # The row as the UPDATE left it (it changed nothing else): no re-read.
+    question.state, question.decided_at = Question.State.ANSWERED, now
+    # The bridge's item first: its doorbell is the first to leave after commit.
+    outbox_enqueue(device=question.device, kind=OUTBOX_ANSWER, payload={
+        "question_id": str(question.pk), "answers": chosen, "other": free, "answered_at": now.isoformat(),
+        **bound,
+    })
+    # The panel follows in the message's write (one statement on PostgreSQL). An answered question has
+    # no state_reason (only a question leaving pending otherwise gets one): the spec stays as it is.
+    im_services.message_post(room_id=question.room_id, author_user=actor, kind=Message.Kind.ANSWER,
+                             body={"question_id": str(question.pk), "via": "phone", "answers": chosen,
+                                   "other": free},
+                             panel_state=(question.panel_id, question.state) if question.panel_id else None)
+    # Last before the commit: the audit chain's lock is held from here to the commit.
+    _audit(actor=actor, action="mobile.answer", question=question, subject=actor, ip=ip,
+           data={"answers": chosen, "other": free, **bound})
 
 
 def question_expire(*, question: Question) -> bool:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import secrets
 from base64 import b32encode
+from collections.abc import Callable
 from typing import Any, Literal
 
 from django.db import connection, transaction
@@ -94,17 +95,23 @@ def audit_record(*, actor: User | None, action: str, subject: User | None = None
         "subject_label": _label(subject), "data": data, "ip": ip or "",
     }
     entry = AuditEntry(actor=actor, subject=subject, **fields)
-    with transaction.atomic(savepoint=False):
-        appended = _audit_append_here(entry, *audit_hash_around(**fields)) if connection.vendor == "postgresql" \
-            else None
-        if appended is None:
+
+    def appended(row: tuple[int, str, str] | None) -> None:
+        if row is None:  # no head yet, or not PostgreSQL
             entry.prev_hash = _audit_head_lock()
             entry.hash = audit_hash(prev_hash=entry.prev_hash, **fields)
             entry.pk = _audit_append(entry)
         else:
-            entry.pk, entry.prev_hash, entry.hash = appended
+            entry.pk, entry.prev_hash, entry.hash = row
         entry._state.adding = False
         entry._state.db = connection.alias
+
+    with transaction.atomic(savepoint=False):
+        if connection.vendor == "postgresql":
+            # In a pipeline (``sql.pipelined``) the entry has its id and hashes when that ends.
+            _audit_append_here(entry, *audit_hash_around(**fields), then=appended)
+        else:
+            appended(None)
     return entry
 
 
@@ -128,17 +135,17 @@ def _audit_head_lock() -> str:
     return row[0]
 
 
-def _audit_append_here(entry: AuditEntry, before: str, after: str) -> tuple[int, str, str] | None:
+def _audit_append_here(entry: AuditEntry, before: str, after: str,
+                       then: Callable[[tuple[int, str, str] | None], None]) -> None:
     """PostgreSQL: lock the head, hash ``entry`` onto it, insert it and move the head, in one statement.
-    Returns (id, prev_hash, hash), or None when there is no head row yet (``_audit_head_lock`` seeds it).
+    Hands ``then`` (id, prev_hash, hash), or None when there is no head row yet (``_audit_head_lock`` seeds
+    it): at once, or in a pipeline (``sql.pipelined``) when that ends.
     The UPDATE's SET reads the row as it was, so ``prev_hash = hash`` keeps the hash it replaces; under
     a concurrent append it waits for that commit and hashes onto the head as committed."""
     statement, own = _append_here_sql(connection.vendor)
     values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in own]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [before, after, _AUDIT_HEAD_ID, *values])
-        row = cursor.fetchone()
-    return None if row is None else (int(row[0]), row[1], row[2])
+    sql.run(connection, statement, [before, after, _AUDIT_HEAD_ID, *values],
+            lambda row: then(None if row is None else (int(row[0]), row[1], row[2])))
 
 
 @functools.cache
