@@ -207,15 +207,35 @@ def pipelined(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
 def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...], also: str = "",
                      limit: int = 0) -> tuple[str, list[tuple[Any, list, Any]]]:
     qn, meta = connection.ops.quote_name, model._meta
-    plan = []
-    for field in meta.concrete_fields:
-        col = field.get_col(meta.db_table)
-        plan.append((field, connection.ops.get_db_converters(col) + col.get_db_converters(connection), col))
+    plan = _row_plan(vendor, model)
     where = " AND ".join(f"{qn(meta.get_field(name).column)} = %s" for name in columns)
     selected = ", ".join([*(qn(field.column) for field, _, _ in plan), *([f"({also})"] if also else [])])
     # Names from the model's _meta (and the caller's written expression), values as parameters.
     sql = f"SELECT {selected} FROM {qn(meta.db_table)} WHERE {where}"  # noqa: S608
     return sql + (f" LIMIT {int(limit)}" if limit else ""), plan
+
+
+@functools.cache
+def _row_plan(vendor: str, model: type) -> list[tuple[Any, list, Any]]:
+    """Each concrete field of ``model`` with the database converters its column's value goes through."""
+    meta, plan = model._meta, []
+    for field in meta.concrete_fields:
+        col = field.get_col(meta.db_table)
+        plan.append((field, connection.ops.get_db_converters(col) + col.get_db_converters(connection), col))
+    return plan
+
+
+@functools.cache
+def columns_of(vendor: str, model: type, alias: str) -> str:
+    """The select list of every column of ``model`` in a written query where its table is ``alias``, in
+    the order ``from_row`` reads them."""
+    qn = connection.ops.quote_name
+    return ", ".join(f"{alias}.{qn(field.column)}" for field, _, _ in _row_plan(vendor, model))
+
+
+def from_row(model: type, row: Any) -> Any:
+    """The object of ``model`` whose columns (``columns_of``) begin ``row``, as the ORM converts them."""
+    return _from_row(model, _row_plan(connection.vendor, model), row)
 
 
 def _column_values(model: type, values: dict[str, Any]) -> list[Any]:

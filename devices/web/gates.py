@@ -24,11 +24,11 @@ checks above, so every refusal is the same as before, word for word.
 from __future__ import annotations
 
 import functools
+from importlib import import_module
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-from django.contrib.sessions.models import Session
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import Exists, OuterRef
@@ -123,7 +123,7 @@ def _device_row(user: Any, device_id: Any) -> Device | None:
 
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
-DB_SESSIONS = {"django.contrib.sessions.backends.db", "ai1net.accounts.sessions"}  # the django_session table
+DB_SESSIONS = {"django.contrib.sessions.backends.db", "ai1net.accounts.sessions"}  # a session table to join
 _USER_FIELDS = ("id", "password", "otp_epoch", "is_active", "device_web_enabled")
 
 
@@ -131,10 +131,12 @@ _DEVICE_FIELDS = ("id", "owner_id", "name", "kind", "status", "channel_name", "r
 
 
 @functools.cache
-def _fast_sql(vendor: str) -> str:
-    """The query of ``device_web_fast`` for this database vendor, built once (quoting from the backend)."""
+def _fast_sql(vendor: str, engine: str) -> str:
+    """The query of ``device_web_fast`` for this database vendor and session engine (one of DB_SESSIONS),
+    built once (quoting from the backend)."""
     q = connection.ops.quote_name
-    device, user, session = Device._meta, User._meta, Session._meta
+    device, user = Device._meta, User._meta
+    session = import_module(engine).SessionStore.get_model_class()._meta
     columns = ", ".join(f"d.{q(device.get_field(name).column)}" for name in _DEVICE_FIELDS)
     users = ", ".join(f"u.{q(user.get_field(name).column)}" for name in _USER_FIELDS)
     needs_otp = needs_otp_sql(vendor, f"d.{q(device.get_field('owner').column)}")
@@ -161,7 +163,8 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
         return None
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
-        cursor.execute(_fast_sql(connection.vendor), [*NEEDS_OTP_PARAMS_FOR_COLUMN, key, now, pk])
+        cursor.execute(_fast_sql(connection.vendor, settings.SESSION_ENGINE),
+                       [*NEEDS_OTP_PARAMS_FOR_COLUMN, key, now, pk])
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None

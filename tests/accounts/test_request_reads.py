@@ -1,6 +1,7 @@
-"""The two reads every authenticated request makes, as written statements: the session row
-(ai1net.accounts.sessions) and the session's user (``User.objects.get(pk=...)``, ModelBackend.get_user).
-Each must give exactly what Django's ORM path gives, without building an ORM query."""
+"""The read every authenticated request makes, as one written statement: the session row with its user
+(ai1net.accounts.sessions), which ``User.objects.get(pk=...)`` (ModelBackend.get_user) takes under the
+middleware's ``get_user``, or reads itself, also written. Each must give exactly what Django's ORM path
+gives, without building an ORM query."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user
 from django.contrib.sessions.backends import db as django_db_sessions
-from django.contrib.sessions.models import Session
 from django.db import connection
 from django.db.models.query import QuerySet
 from django.test import RequestFactory
@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ai1net.accounts import sessions
-from ai1net.accounts.models import User
+from ai1net.accounts.models import Session, User
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +29,14 @@ def no_orm_get(monkeypatch):
         raise AssertionError(f"an ORM get of {self.model.__name__}")
 
     monkeypatch.setattr(QuerySet, "get", refuse)
+
+
+class SessionStore(django_db_sessions.SessionStore):  # the name: it salts the data's signature
+    """Django's own database store (its ORM read), on our table."""
+
+    @classmethod
+    def get_model_class(cls):
+        return Session
 
 
 def stored_session(data: dict, *, expires_in: timedelta = timedelta(days=1)) -> str:
@@ -47,7 +55,7 @@ def test_the_session_engine_is_ours():
 
 def test_a_session_loads_as_djangos_database_store_loads_it_in_one_statement():
     key = stored_session({"a": 1, "nested": {"b": [1, 2]}})
-    djangos = django_db_sessions.SessionStore(key).load()
+    djangos = SessionStore(key).load()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(QuerySet, "get", lambda *args, **kwargs: pytest.fail("an ORM get"))
         with CaptureQueriesContext(connection) as queries:
@@ -66,7 +74,7 @@ def test_a_session_that_cannot_be_used_loads_empty_and_loses_its_key(case):
     store = sessions.SessionStore(None if case == "no key" else key)
     assert store.load() == {}
     assert store.session_key is None or case == "tampered"  # (Django keeps the key of a tampered row too)
-    assert django_db_sessions.SessionStore(None if case == "no key" else key).load() == {}
+    assert SessionStore(None if case == "no key" else key).load() == {}
 
 
 def test_the_users_row_by_primary_key_is_the_orms_row_field_by_field(user, no_orm_get):
@@ -92,17 +100,63 @@ def test_a_missing_or_malformed_primary_key_fails_as_the_orm_fails(user):
     assert User.objects.get(username="alice") == user  # every other lookup: the ORM as before
 
 
-def test_the_session_user_loads_in_two_statements_and_signs_in_as_django_would(client, user, password):
-    assert client.login(username="alice", password=password)
+def signed_in_request(client, user, password):
+    assert client.login(username=user.username, password=password)
     request = RequestFactory().get("/")
     request.session = sessions.SessionStore(client.cookies["sessionid"].value)
+    return request
+
+
+def test_the_session_user_comes_with_the_session_in_one_statement_and_signs_in_as_django_would(client, user,
+                                                                                               password):
+    request = signed_in_request(client, user, password)
+    assert Session.objects.get(session_key=request.session.session_key).user_id == user.pk  # kept on save
     with CaptureQueriesContext(connection) as queries:
-        loaded = get_user(request)
-    assert loaded.pk == user.pk and loaded.is_authenticated
+        loaded = sessions.get_user(request)
+    assert loaded.pk == user.pk and loaded.is_authenticated and loaded.needs_otp_at_load is False
+    assert len(queries) == 1
+    orm = list(User.objects.filter(pk=user.pk))[0]
+    for field in User._meta.concrete_fields:
+        assert getattr(loaded, field.attname) == getattr(orm, field.attname), field.name
+    request.session = sessions.SessionStore(request.session.session_key)
+    with CaptureQueriesContext(connection) as queries:
+        assert get_user(request).pk == user.pk  # Django's own get_user: the user read by itself
     assert len(queries) == 2
     User.objects.filter(pk=user.pk).update(password="changed")  # a password change ends the session
-    request.session = sessions.SessionStore(client.cookies["sessionid"].value)
-    assert not get_user(request).is_authenticated
+    request.session = sessions.SessionStore(request.session.session_key)
+    assert not sessions.get_user(request).is_authenticated
+
+
+def test_the_middleware_reads_session_and_user_once_and_answers_two_factor_with_them(client, user, password):
+    from django.contrib.sessions.middleware import SessionMiddleware
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    assert client.login(username=user.username, password=password)
+    request = RequestFactory().get("/", HTTP_COOKIE=f"sessionid={client.cookies['sessionid'].value}")
+    SessionMiddleware(lambda r: None).process_request(request)
+    sessions.AuthenticationMiddleware(lambda r: None).process_request(request)
+    with CaptureQueriesContext(connection) as queries:
+        assert request.user.pk == user.pk and request.user.needs_otp_at_load is True
+    assert len(queries) == 1
+
+
+def test_a_user_read_with_the_session_serves_only_the_user_its_data_names(client, user, other_user, password):
+    request = signed_in_request(client, user, password)
+    Session.objects.filter(session_key=request.session.session_key).update(user=other_user)
+    with CaptureQueriesContext(connection) as queries:
+        loaded = sessions.get_user(request)
+    assert loaded.pk == user.pk and len(queries) == 2  # the joined row was someone else's: read the named one
+    request.session = sessions.SessionStore(request.session.session_key)
+    request.session.load()
+    assert request.session.loaded_user.pk == other_user.pk
+    assert User.objects.get(pk=other_user.pk) is not request.session.loaded_user  # outside get_user: a read
+
+
+def test_deleting_a_user_ends_their_sessions(client, user, password):
+    request = signed_in_request(client, user, password)
+    user.delete()
+    assert not Session.objects.filter(session_key=request.session.session_key).exists()
 
 
 def test_api_views_get_the_user_itself_not_the_middlewares_lazy_proxies(phone, bridge, monkeypatch):

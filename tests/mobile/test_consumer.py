@@ -2,11 +2,11 @@
 
 import pytest
 from channels.db import database_sync_to_async
-from django.contrib.sessions.backends.db import SessionStore
 from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from ai1net.accounts.services import user_switch_set
+from ai1net.accounts.sessions import SessionStore  # the engine's (SESSION_ENGINE)
 from tests.mobile.factories import ask, bridge_for, enable_mobile
 from tests.mobile.ws import communicator, session_cookie
 
