@@ -152,10 +152,13 @@ def run(conn: Any, statement: str, params: list[Any], then: Callable[[Any], Any]
     pending = conn.__dict__.get("_sql_pipeline")
     cursor = conn.cursor()
     try:
+        conn._sql_sending_later = pending is not None
         cursor.execute(statement, params)
     except BaseException:
         cursor.close()
         raise
+    finally:
+        conn._sql_sending_later = False
     if pending is not None:
         pending.append((cursor, later, then))
         return later
@@ -163,6 +166,16 @@ def run(conn: Any, statement: str, params: list[Any], then: Callable[[Any], Any]
         row = cursor.fetchone()
     later._value = then(row) if then is not None else row
     return later
+
+
+def _waited_unless_later(conn: Any, pipeline: Any, execute: Callable, sql: str, params: Any, many: bool,
+                         context: dict) -> Any:
+    """In a pipeline, a statement not sent by ``run`` is waited for: psycopg gives its row count only with its
+    result (until then -1), and the ORM reads it at once (an update's count; ``save()`` inserts when it is 0)."""
+    result = execute(sql, params, many, context)
+    if not conn.__dict__.get("_sql_sending_later"):
+        pipeline.sync()
+    return result
 
 
 @functools.cache
@@ -177,8 +190,9 @@ def pipelined(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     """On PostgreSQL, the statements ``run`` sends in this block go to the server one after another
     without waiting for each other's results (psycopg's pipeline mode, with the transaction's BEGIN), and
     their results come back together, in one round trip, when the block ends; each statement's ``then``
-    runs there, in order. A statement executed otherwise in the block waits for its result as always. The
-    server runs them in order, and stops at the first that fails: that error is raised at the block's end.
+    runs there, in order. Any other statement in the block (the ORM's) waits for its result, and for those
+    sent before it, as always: its row count is known when it returns. The server runs them in order, and
+    stops at the first that fails: that error is raised at the block's end (or at such a statement).
     Elsewhere, or inside another pipeline (whose end then reads them), this does nothing.
 
     Each round trip on a hot path is a wait for the database server's process to wake up; a transaction
@@ -191,7 +205,8 @@ def pipelined(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     pending: list[tuple[Any, Later, Callable[[Any], Any] | None]] = []
     conn._sql_pipeline = pending
     try:
-        with conn.wrap_database_errors, conn.connection.pipeline():
+        with conn.wrap_database_errors, conn.connection.pipeline() as pipeline, \
+                conn.execute_wrapper(functools.partial(_waited_unless_later, conn, pipeline)):
             yield
         del conn._sql_pipeline
         for cursor, later, then in pending:

@@ -41,6 +41,22 @@ def test_a_failing_statement_stops_the_rest_and_fails_at_the_block_s_end_as_djan
     assert sql.run(connection, "SELECT 3", []).value == (3,)  # the connection is usable again
 
 
+def test_the_orm_s_writes_in_a_pipeline_see_their_row_counts(bridge):
+    """psycopg gives a pipelined statement's row count only with its result: a statement not sent by
+    ``sql.run`` is waited for, so ``update()`` counts and ``save()`` updates rather than inserting."""
+    with transaction.atomic(), sql.pipelined():
+        later = sql.run(connection, "SELECT 1", [])
+        assert Device.objects.filter(pk=bridge.pk).update(name="renamed") == 1
+        bridge.name = "saved"
+        bridge.save(update_fields=["name"])
+        room = Room.objects.create(kind=Room.Kind.DIRECT, owner=bridge.owner, device=bridge, title="t")
+        room.title = "again"
+        room.save()  # an update of an existing row, not a second INSERT
+    assert later.value == (1,)
+    assert Device.objects.get(pk=bridge.pk).name == "saved"
+    assert Room.objects.get(pk=room.pk).title == "again"
+
+
 @on_postgresql
 def test_an_answer_s_writes_go_to_the_server_in_one_pipeline(phone, bridge):
     question, nonce = ask(bridge)
