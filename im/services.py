@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -115,14 +116,25 @@ def _panel_state_params(conn: Any, panel_id: int, state: str, now: datetime) -> 
     return [state, Panel._meta.get_field("updated_at").get_db_prep_value(now, conn), panel_id]
 
 
+@functools.cache
+def _panel_returned_plan(vendor: str) -> list[tuple[str, list, Any]]:
+    """Each column the panel's UPDATE returns: its attribute, its database converters and its column, built
+    once per vendor (building them cost more than the conversions, on every answer's event)."""
+    meta, plan = Panel._meta, []
+    for name in _PANEL_RETURNED:
+        column = meta.get_field(name).get_col(meta.db_table)
+        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        plan.append((column.target.attname, converters, column))
+    return plan
+
+
 def _panel_from_row(conn: Any, panel_id: int, state: str, now: datetime, row: tuple) -> Panel:
     """The panel whose state was set, from the columns its UPDATE returned (as the ORM converts them)."""
-    meta, values = Panel._meta, {}
-    for name, value in zip(_PANEL_RETURNED, row, strict=True):
-        column = meta.get_field(name).get_col(meta.db_table)
-        for converter in conn.ops.get_db_converters(column) + column.get_db_converters(conn):
+    values = {}
+    for (attname, converters, column), value in zip(_panel_returned_plan(conn.vendor), row, strict=True):
+        for converter in converters:
             value = converter(value, column, conn)
-        values[column.target.attname] = value
+        values[attname] = value
     return Panel(pk=panel_id, state=state, updated_at=now, **values)
 
 

@@ -167,6 +167,8 @@ def test_message_post_by_room_id_and_panel_state_set_by_id(room, user, django_ca
     stored = Panel.objects.get(pk=panel.pk)
     assert stored.state == "answered" and stored.spec == {"question_id": "q1", "n": [1, 2]}
     assert events.panel_data(updated) == events.panel_data(stored)
+    for field in Panel._meta.concrete_fields:  # converted as the ORM converts them (a plan built once)
+        assert getattr(updated, field.attname) == getattr(stored, field.attname), field.name
     moved = services.panel_state_set_by_id(panel_id=panel.pk, state="moved_to_desktop",
                                            spec_update={"reason": "timeout"})
     assert moved.spec == {"question_id": "q1", "n": [1, 2], "reason": "timeout"}
