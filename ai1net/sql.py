@@ -152,13 +152,15 @@ def run(conn: Any, statement: str, params: list[Any], then: Callable[[Any], Any]
     pending = conn.__dict__.get("_sql_pipeline")
     cursor = conn.cursor()
     try:
-        conn._sql_sending_later = pending is not None
+        if pending is not None:
+            conn._sql_sending_later = True  # not waited for (``_waited_unless_later``)
         cursor.execute(statement, params)
     except BaseException:
         cursor.close()
         raise
     finally:
-        conn._sql_sending_later = False
+        if pending is not None:
+            conn._sql_sending_later = False
     if pending is not None:
         pending.append((cursor, later, then))
         return later
@@ -222,7 +224,7 @@ def pipelined(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
 def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...], also: str = "",
                      limit: int = 0) -> tuple[str, list[tuple[Any, list, Any]]]:
     qn, meta = connection.ops.quote_name, model._meta
-    plan = _row_plan(vendor, model)
+    plan = row_plan(vendor, model)
     where = " AND ".join(f"{qn(meta.get_field(name).column)} = %s" for name in columns)
     selected = ", ".join([*(qn(field.column) for field, _, _ in plan), *([f"({also})"] if also else [])])
     # Names from the model's _meta (and the caller's written expression), values as parameters.
@@ -231,8 +233,9 @@ def _by_columns_plan(vendor: str, model: type, columns: tuple[str, ...], also: s
 
 
 @functools.cache
-def _row_plan(vendor: str, model: type) -> list[tuple[Any, list, Any]]:
-    """Each concrete field of ``model`` with the database converters its column's value goes through."""
+def row_plan(vendor: str, model: type) -> list[tuple[Any, list, Any]]:
+    """Each concrete field of ``model`` with the database converters its column's value goes through, and
+    that column: (field, converters, column), built once per vendor."""
     meta, plan = model._meta, []
     for field in meta.concrete_fields:
         col = field.get_col(meta.db_table)
@@ -245,12 +248,12 @@ def columns_of(vendor: str, model: type, alias: str) -> str:
     """The select list of every column of ``model`` in a written query where its table is ``alias``, in
     the order ``from_row`` reads them."""
     qn = connection.ops.quote_name
-    return ", ".join(f"{alias}.{qn(field.column)}" for field, _, _ in _row_plan(vendor, model))
+    return ", ".join(f"{alias}.{qn(field.column)}" for field, _, _ in row_plan(vendor, model))
 
 
 def from_row(model: type, row: Any) -> Any:
     """The object of ``model`` whose columns (``columns_of``) begin ``row``, as the ORM converts them."""
-    return _from_row(model, _row_plan(connection.vendor, model), row)
+    return _from_row(model, row_plan(connection.vendor, model), row)
 
 
 def _column_values(model: type, values: dict[str, Any]) -> list[Any]:

@@ -6,7 +6,7 @@ import functools
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -118,14 +118,11 @@ def _panel_state_params(conn: Any, panel_id: int, state: str, now: datetime) -> 
 
 @functools.cache
 def _panel_returned_plan(vendor: str) -> list[tuple[str, list, Any]]:
-    """Each column the panel's UPDATE returns: its attribute, its database converters and its column, built
-    once per vendor (building them cost more than the conversions, on every answer's event)."""
-    meta, plan = Panel._meta, []
-    for name in _PANEL_RETURNED:
-        column = meta.get_field(name).get_col(meta.db_table)
-        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-        plan.append((column.target.attname, converters, column))
-    return plan
+    """Each column the panel's UPDATE returns: its attribute, its database converters and its column (from
+    ``sql.row_plan``, built once: building them cost more than the conversions, on every answer's event)."""
+    by_attname = {field.attname: (field.attname, converters, column)
+                  for field, converters, column in sql.row_plan(vendor, Panel)}
+    return [by_attname[Panel._meta.get_field(name).attname] for name in _PANEL_RETURNED]
 
 
 def _panel_from_row(conn: Any, panel_id: int, state: str, now: datetime, row: tuple) -> Panel:
