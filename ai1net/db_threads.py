@@ -86,19 +86,28 @@ class DatabaseThreads:
 
     def _work(self) -> None:
         local, pid = SyncToAsync.threadlocal, os.getpid()
+        # Django's housekeeping after each call (close_old_connections) left this thread's connections as the
+        # next call would find them: nothing else runs here in between. So it runs again before a call only
+        # when it failed after the last one (a connection an error left unusable that could not be closed).
+        # A pooled connection (PostgreSQL) is back in its pool by then; one kept for CONN_MAX_AGE is closed
+        # after the call that ends past its age, as Django's request_finished does for a request.
+        tidy = True
         while True:
             loop, future, context, func, args, kwargs = self._calls.get()
             local.main_event_loop, local.main_event_loop_pid = loop, pid
             result: Any = None
             error: BaseException | None = None
             try:
-                close_old_connections()
+                if not tidy:
+                    close_old_connections()
                 result = context.run(func, *args, **kwargs)
             except BaseException as exc:  # handed to the caller, whatever it is
                 error = exc
             finally:
+                tidy = False
                 try:
                     close_old_connections()
+                    tidy = True
                 except Exception as exc:  # noqa: BLE001 - the caller hears of it
                     error = error or exc
             try:

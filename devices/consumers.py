@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import functools
 import logging
 import weakref
@@ -618,7 +617,7 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
             loop.call_soon_threadsafe(settle, result, None)
             # A copy for the receivers: what they do to it (an enqueue moves its next_seq) must not reach
             # the hello, which reads the device on the loop meanwhile (it read the outbox for nothing).
-            _send_signal(signals.device_connected, device=copy.copy(result[0]), hello=params)
+            _send_signal(signals.device_connected, device=result[0].copied(), hello=params)
 
         self._background(_db(write_then_signal)())
         return written

