@@ -7,7 +7,7 @@
 - the device method ``bench.enqueue {n}``: writes n outbox items for the calling device in one
   transaction (one doorbell), so the benchmark can drive the real outbox path inside daphne;
 - ``/ws/bench-outbox``: each text frame is a device id; ``services.outbox_enqueue`` writes one item for
-  it in a worker thread, as a service called from a view or a consumer would (the outbox's producer);
+  it in the thread of the devices' requests, as a device's request does (``devices.consumers``);
 - ``/ws/bench-acks``: the first text frame is a device id; from then on, each time this process has
   recorded an ack of that device (``services.outbox_ack`` returned: committed), the socket gets
   ``{"acked": seq}``. Together: enqueue (durable) -> deliver -> ack -> ack recorded (durable).
@@ -28,7 +28,6 @@ from urllib.parse import parse_qs
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
 from asgiref.sync import sync_to_async  # noqa: E402
-from channels.db import database_sync_to_async  # noqa: E402
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
@@ -37,6 +36,7 @@ from ai1net import realtime  # noqa: E402
 from ai1net.asgi import application as ai1net_application  # noqa: E402
 from ai1net.consumers import LoopDispatch  # noqa: E402
 from devices import services  # noqa: E402
+from devices.consumers import device_request_hop  # noqa: E402
 from devices.models import Device  # noqa: E402
 from devices.rpc import device_method  # noqa: E402
 
@@ -84,9 +84,9 @@ class _Lean(LoopDispatch, AsyncWebsocketConsumer):
 
 class EnqueueConsumer(_Lean):
     async def receive(self, text_data=None, bytes_data=None):
-        # As a request's thread enqueues (a view, a device's request): the hand-over to the tunnel leaves
-        # with the thread's result (ai1net.realtime.collecting).
-        await realtime.collecting(database_sync_to_async, _enqueue_one)(text_data)
+        # As a device's request enqueues (devices.consumers: its thread, its hop): the hand-over to the tunnel
+        # leaves with the thread's result (ai1net.realtime.collecting).
+        await realtime.collecting(device_request_hop, _enqueue_one)(text_data)
 
 
 class CallConsumer(_Lean):

@@ -13,8 +13,8 @@ processes on the same Redis layer.
 
 Rows (bench/report.py):
 - deliver -> ack vs echo (p99 ratio). One sample: t0 the bench sends a device id on
-  ``/ws/bench-outbox`` -> a worker thread runs ``services.outbox_enqueue`` (one durable row,
-  committed; its hand-over leaves with the thread's result, as from a view or a device's request) ->
+  ``/ws/bench-outbox`` -> the thread of the devices' requests runs ``services.outbox_enqueue`` (one
+  durable row, committed; its hand-over leaves with the thread's result, as from a device's request) ->
   the ``deliver`` frame reaches the device -> the device sends ``ack`` -> the tunnel's process has
   recorded it (``services.outbox_ack`` returned; ``/ws/bench-acks`` says so) = t1.
   Baseline: the round trip of a 200-byte frame on the bare ``/ws/echo`` consumer, sampled

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -553,6 +555,36 @@ async def test_device_requests_are_idempotent_by_id(paired):
     assert (await dev.call("tests.count", {"a": 1}, request_id="req-1"))["result"] == {"n": 1}
     assert (await dev.call("tests.count", {}, request_id="req-2"))["result"] == {"n": 2}
     assert await db(DeviceRequest.objects.filter(device=device).count)() == 2
+    await dev.close()
+
+
+RAN: list[tuple[str, int]] = []
+_running = [0]
+
+
+@rpc.device_method("tests.where")
+def _where(device, params):
+    _running[0] += 1
+    try:
+        time.sleep(0.05)  # long enough for the other requests to be waiting meanwhile
+        RAN.append((threading.current_thread().name, _running[0]))
+    finally:
+        _running[0] -= 1
+    return {}
+
+
+async def test_device_requests_run_one_at_a_time_in_a_thread_of_their_own(paired):
+    """Not on Channels' thread-sensitive thread, which every consumer of the process shares (and whose hop
+    costs more): devices.consumers.device_request_hop."""
+    _, token = paired
+    RAN.clear()
+    dev, _ = await connected(token)
+    for i in range(3):  # sent together: the later ones wait while the first sleeps
+        await dev.send(protocol.request("tests.where", {}, f"w{i}"))
+    replies = [await dev.wait_for(lambda m, i=i: m.get("id") == f"w{i}" and "method" not in m) for i in range(3)]
+    assert all("result" in reply for reply in replies), replies
+    assert [name for name, _ in RAN] == ["device-request-db_0"] * 3
+    assert [running for _, running in RAN] == [1, 1, 1]  # one at a time, as before
     await dev.close()
 
 
