@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import queue
@@ -65,6 +66,11 @@ class DatabaseThreads:
             self._pending += 1
         self._calls.put((loop, future, contextvars.copy_context(), func, args, kwargs))
         return await future
+
+    def to_async(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """``func`` as a coroutine function that runs it in these threads, as ``database_sync_to_async(func)``
+        does in Channels' (what ``ai1net.realtime.collecting`` takes)."""
+        return functools.partial(self.call, func)
 
     @classmethod
     def wait_all_idle(cls, timeout: float) -> bool:

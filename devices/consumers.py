@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import weakref
 from typing import Any
@@ -101,10 +100,7 @@ def local_tunnel(channel_name: str) -> DeviceConsumer | None:
 # Postgres pool slot while in use). The hop itself is cheaper than Channels' own: a reconnect storm has 50
 # of them in flight.
 _tunnel_db = DatabaseThreads(default_count(), "tunnel-db")
-
-
-def _db(func: Any) -> Any:
-    return functools.partial(_tunnel_db.call, func)
+_db = _tunnel_db.to_async
 
 
 # A device's requests (a hook's event, a question) go to a thread of their own the same way, rather than to
@@ -113,12 +109,7 @@ def _db(func: Any) -> Any:
 # interleaved rounds: the deliver frame at the device after p50 0.74-0.75 ms against 0.83-0.88, and a bare
 # echo consumer's round trip beside them p50 0.38-0.39 ms against 0.45-0.46. One thread, as before: a
 # process's device requests still run one at a time and hold one connection of the pool at most.
-_request_db = DatabaseThreads(1, "device-request-db")
-
-
-def device_request_hop(func: Any) -> Any:
-    """``func`` run in the thread of the devices' requests: ``await device_request_hop(func)(*args)``."""
-    return functools.partial(_request_db.call, func)
+device_request_hop = DatabaseThreads(1, "device-request-db").to_async
 
 
 def _bearer(scope: dict[str, Any]) -> str:

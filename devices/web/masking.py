@@ -6,10 +6,10 @@ passes over the piece: a zeroed cffi buffer is allocated, the piece copied in, X
 out to bytes (13% of daphne's CPU per MiB downloaded in a py-spy profile). ``OnePassMasker`` gives the same
 bytes in one pass with websockets' C ``apply_mask`` (websockets is installed on the platform for its tests
 and clients; without its C speedups, or with an autobahn that names things otherwise, nothing is changed).
-``install`` swaps autobahn's ``create_xor_masker`` for every frame, short ones too: an NVX masker's setup
-(its cffi buffers) cost 10 µs per frame where ``OnePassMasker`` with its one call costs 4 (a 200-byte frame,
-on the bench machine at a third of its usual speed), and a tunnel's frames are mostly short (a hello, an ack,
-a device-web response head). It is checked against autobahn's own masker in tests/deviceweb/test_masking.py.
+``install`` swaps autobahn's ``create_xor_masker`` for every frame, short ones too: for a 200-byte frame, an
+NVX masker (its setup: cffi buffers) and its pass took 5.3 µs where ``OnePassMasker`` takes 0.85 (``timeit``
+on the bench machine at its usual speed), and a tunnel's frames are mostly short (a hello, an ack, a
+device-web response head). It is checked against autobahn's own masker in tests/deviceweb/test_masking.py.
 """
 
 from __future__ import annotations
