@@ -229,8 +229,13 @@ async def test_items_from_concurrent_producers_in_this_process_arrive_once_each_
     await dev.hello()
 
     def produce(n: int, tag: str) -> None:
-        for i in range(n):
-            services.outbox_enqueue(device=device, kind="k", payload={"tag": tag, "i": i})
+        try:
+            for i in range(n):
+                services.outbox_enqueue(device=device, kind="k", payload={"tag": tag, "i": i})
+        finally:
+            # The worker thread's connection, as tests/mobile/test_concurrency.py's threads close theirs: left
+            # checked out of PostgreSQL's pool, it kept the test database from being dropped after the run.
+            connection.close()
 
     producers = [sync_to_async(produce, thread_sensitive=False)(40, tag) for tag in "abcd"]
     receiver = asyncio.ensure_future(dev.delivers(160, timeout=20))
