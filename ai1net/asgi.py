@@ -35,7 +35,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from ai1net import autobahn_log, http_guard  # noqa: E402
+from ai1net import autobahn_log, connection_cycles, http_guard  # noqa: E402
 from ai1net.hosts import websocket_host_guard  # noqa: E402
 from ai1net.sqlite_backend import checkpoints  # noqa: E402
 from clients import protocol  # noqa: E402
@@ -81,6 +81,8 @@ def tunnel_message_limit(app: Any, size: int = protocol.MAX_FRAME_BYTES) -> Any:
 http_guard.install(head_timeout=settings.HTTP_HEAD_TIMEOUT_SEC, min_body_rate=settings.HTTP_MIN_BODY_RATE,
                    max_body=max(settings.DEVICE_WEB_MAX_REQUEST_BYTES, protocol.MAX_FRAME_BYTES,
                                 settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0))
+# ... and a closed connection is freed as it closes, not by the cyclic collector (ai1net.connection_cycles).
+connection_cycles.install()
 # Device-web bodies pass through buffers of up to 1 MiB: keep freed ones mapped (clients.memory), and
 # unmask what bridges send in one pass (devices.web.masking). Here, where a server loads the app, not in
 # every process that sets Django up (management commands).

@@ -36,59 +36,67 @@ def _refuse(channel: Any, status: bytes, code: str, detail: str) -> None:
     channel.transport.loseConnection()
 
 
-def _guard(channel: Any, *, head_timeout: float, min_body_rate: float, max_body: int, clock: Any) -> None:
-    deadline: list[Any] = [None]  # the pending IDelayedCall, if any
+class _Limits:
+    """What ``install`` was given; one for the process, shared by every guarded channel."""
 
-    def cancel() -> None:
-        if deadline[0] is not None and deadline[0].active():
-            deadline[0].cancel()
-        deadline[0] = None
+    def __init__(self, *, head_timeout: float, min_body_rate: float, max_body: int, clock: Any) -> None:
+        self.head_timeout, self.min_body_rate, self.max_body, self.clock = head_timeout, min_body_rate, max_body, clock
 
-    def expire() -> None:
-        deadline[0] = None
-        logger.info("HTTP request not received in time from %s; closed", channel.transport.getPeer())
-        _refuse(channel, b"408 Request Timeout", "request_timeout",
-                f"the request did not arrive within {head_timeout:g} s")
 
-    def arm(seconds: float) -> None:
-        cancel()
-        deadline[0] = clock.callLater(seconds, expire)
+class _GuardedChannel:
+    """Mixed into the class of each HTTP channel daphne builds (``_guarded``): methods of the class and two
+    attributes per channel. Before, each channel got four closures and their cells as attributes of its own,
+    which pointed back at it: a reference cycle per connection that only the cyclic collector freed, in
+    pauses during which every socket of the process waited (ai1net.connection_cycles)."""
 
-    data_received = channel.dataReceived
-    all_headers_received = channel.allHeadersReceived
-    all_content_received = channel.allContentReceived
-    connection_lost = channel.connectionLost
+    _guard_limits: _Limits
+    _guard_deadline: Any = None  # the pending IDelayedCall, if any
 
-    def on_data(data: bytes) -> None:
-        if deadline[0] is None and not channel._handlingRequest:  # the first bytes of a request
-            arm(head_timeout)
-        data_received(data)
+    def _guard_cancel(self) -> None:
+        deadline, self._guard_deadline = self._guard_deadline, None
+        if deadline is not None and deadline.active():
+            deadline.cancel()  # Twisted drops the call's reference to this channel
 
-    def on_headers() -> None:
-        length = channel.length
-        if isinstance(length, int) and length > max_body:
-            cancel()
-            _refuse(channel, b"413 Payload Too Large", "too_large",
-                    f"the body is too large: at most {max_body} bytes")
+    def _guard_arm(self, seconds: float) -> None:
+        self._guard_cancel()
+        self._guard_deadline = self._guard_limits.clock.callLater(seconds, self._guard_expire)
+
+    def _guard_expire(self) -> None:
+        self._guard_deadline = None
+        logger.info("HTTP request not received in time from %s; closed", self.transport.getPeer())
+        _refuse(self, b"408 Request Timeout", "request_timeout",
+                f"the request did not arrive within {self._guard_limits.head_timeout:g} s")
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._guard_deadline is None and not self._handlingRequest:  # the first bytes of a request
+            self._guard_arm(self._guard_limits.head_timeout)
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        length, limits = self.length, self._guard_limits
+        if isinstance(length, int) and length > limits.max_body:
+            self._guard_cancel()
+            _refuse(self, b"413 Payload Too Large", "too_large",
+                    f"the body is too large: at most {limits.max_body} bytes")
             return
-        all_headers_received()
+        super().allHeadersReceived()
         if isinstance(length, int) and length > 0:
-            arm(head_timeout + length / min_body_rate)
+            self._guard_arm(limits.head_timeout + length / limits.min_body_rate)
         else:
-            cancel()  # no body (allContentReceived follows at once), or a chunked one
+            self._guard_cancel()  # no body (allContentReceived follows at once), or a chunked one
 
-    def on_content() -> None:
-        cancel()
-        all_content_received()
+    def allContentReceived(self) -> None:
+        self._guard_cancel()
+        super().allContentReceived()
 
-    def on_lost(reason: Any) -> None:
-        cancel()
-        connection_lost(reason)
+    def connectionLost(self, reason: Any) -> None:
+        self._guard_cancel()
+        super().connectionLost(reason)
 
-    channel.dataReceived = on_data
-    channel.allHeadersReceived = on_headers
-    channel.allContentReceived = on_content
-    channel.connectionLost = on_lost
+
+@functools.cache
+def _guarded(channel_class: type) -> type:
+    return type(f"Guarded{channel_class.__name__}", (_GuardedChannel, channel_class), {"__module__": __name__})
 
 
 def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool:
@@ -102,20 +110,25 @@ def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool
     if getattr(factory, "_ai1net_guarded", False):
         return True
     build = factory.buildProtocol
+    limits: _Limits | None = None
+    request_factory = functools.partial(http_protocol.WebRequest, parsePOSTFormSubmission=False)
 
     def build_guarded(self: Any, addr: Any) -> Any:
-        from twisted.internet import reactor  # the one daphne installed and runs
+        nonlocal limits
+        if limits is None:
+            from twisted.internet import reactor  # the one daphne installed and runs
 
+            limits = _Limits(head_timeout=head_timeout, min_body_rate=min_body_rate, max_body=max_body, clock=reactor)
         protocol = build(self, addr)
         # Twisted parses a form POST's body into request.args (a multipart one whole, through the email
         # package) before daphne hands the raw body to the app, which never reads args: on a small API
         # POST the content-type parse alone was 6% of the event loop's time.
-        protocol.requestFactory = functools.partial(http_protocol.WebRequest, parsePOSTFormSubmission=False)
+        protocol.requestFactory = request_factory
         # Twisted's protocol is a proxy (HTTP/1.1 or HTTP/2 after ALPN) around the HTTP/1.1 channel.
         channel = getattr(protocol, "_channel", protocol)
         if head_timeout > 0 and hasattr(channel, "allHeadersReceived"):
-            _guard(channel, head_timeout=head_timeout, min_body_rate=min_body_rate, max_body=max_body,
-                   clock=reactor)
+            channel.__class__ = _guarded(type(channel))
+            channel._guard_limits = limits
         return protocol
 
     factory.buildProtocol = build_guarded

@@ -688,8 +688,11 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
             del _web_tunnels[self.channel_name]
         live.discard(self.channel_name, self)
         _TunnelSweep.leave(self)
-        if self.ticker is not None:
-            self.ticker.cancel()
+        # Let go of the ticker: cancelled, it keeps its CancelledError, whose traceback holds this consumer (a
+        # reference cycle that only the cyclic collector would free; ai1net.connection_cycles).
+        ticker, self.ticker = self.ticker, None
+        if ticker is not None:
+            ticker.cancel()
         if self.device is None or not self.hello_done:
             return
         for call_id, reply_channel in list(self.calls.items()):

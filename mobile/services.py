@@ -692,7 +692,9 @@ def bridge_connected(*, device: Device) -> None:
 def _switch_enqueue(bridges: list[Device], enabled: bool) -> None:
     for device in bridges:
         outbox_enqueue(device=device, kind=OUTBOX_SWITCH, payload={"enabled": enabled})
-    BridgeSwitchSent.objects.bulk_create([BridgeSwitchSent(device=device, enabled=enabled) for device in bridges],
+    # By id: an instance given the device would be cached on it (a one-to-one's reverse side), a reference
+    # cycle kept as long as the tunnel keeps the device (ai1net.connection_cycles).
+    BridgeSwitchSent.objects.bulk_create([BridgeSwitchSent(device_id=device.pk, enabled=enabled) for device in bridges],
                                          update_conflicts=True, unique_fields=["device"], update_fields=["enabled"])
 
 

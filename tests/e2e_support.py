@@ -135,12 +135,12 @@ class Process:
 class Daphne(Process):
     """A real daphne serving ai1net on a free loopback port, against the test database."""
 
-    def __init__(self, tmp_path: Path, port: int | None = None, name: str = "daphne", **env: str) -> None:
-        self.port = port or free_port()
+    def __init__(self, tmp_path: Path, port: int | None = None, name: str = "daphne",
+                 app: str = "ai1net.asgi:application", **env: str) -> None:
+        self.port, self.app = port or free_port(), app
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(
-            [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
-             "ai1net.asgi:application"],
+            [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull, app],
             tmp_path / f"{name}-{self.port}.log",
             env=server_env(**env),
         )
@@ -154,7 +154,7 @@ class Daphne(Process):
 
     def restart(self) -> None:
         self.stop()
-        self.__init__(self.log_path.parent, port=self.port)  # type: ignore[misc]
+        self.__init__(self.log_path.parent, port=self.port, app=self.app)  # type: ignore[misc]
 
 
 @contextlib.contextmanager
