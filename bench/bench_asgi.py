@@ -14,13 +14,18 @@
 - ``/ws/bench-call``: each text frame is a device id; the platform calls that device's ``bench.echo``
   (``services.device_call`` from a worker thread, as the probes' background calls are made) and the
   socket gets the result as JSON.
+- ``GET /bench/gc``: the cyclic collector's work in this process since the last such GET (``gc.callbacks``):
+  ``{"collections": n, "ms": total, "longest_ms": ..., "full": n}``; every socket of the process waits
+  while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
+import time
 import uuid
 from typing import Any
 from urllib.parse import parse_qs
@@ -139,9 +144,44 @@ if os.environ.get("BENCH_NO_RECEIVERS") == "1":
     signals.device_connected.receivers = []
     signals.device_disconnected.receivers = []
 
+class CollectorWatch:
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.reset()
+        gc.callbacks.append(self.callback)
+
+    def reset(self) -> dict[str, Any]:
+        figures = getattr(self, "figures", None)
+        self.figures: dict[str, Any] = {"collections": 0, "ms": 0.0, "longest_ms": 0.0, "full": 0}
+        return figures or self.figures
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self.started) * 1000
+        figures = self.figures
+        figures["collections"] += 1
+        figures["ms"] += ms
+        figures["longest_ms"] = max(figures["longest_ms"], ms)
+        figures["full"] += info["generation"] == 2
+
+
+collector_watch = CollectorWatch()
+
+
+async def http_application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["path"] == "/bench/gc":
+        body = json.dumps(collector_watch.reset()).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await ai1net_application(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": ai1net_application,
+        "http": http_application,
         "websocket": URLRouter(
             [
                 path("ws/echo", EchoConsumer.as_asgi()),

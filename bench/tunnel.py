@@ -332,6 +332,16 @@ def postgres_database(url: str):
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def collector(servers: list[Server]) -> str:
+    """The cyclic collector's work in the daphne processes since the last call (bench_asgi's /bench/gc)."""
+    figures = []
+    for server in servers:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/bench/gc", timeout=10) as response:  # noqa: S310
+            figures.append(json.loads(response.read()))
+    return (f"{sum(f['collections'] for f in figures)} collections ({sum(f['full'] for f in figures)} full), "
+            f"{sum(f['ms'] for f in figures):.0f} ms in all, the longest {max(f['longest_ms'] for f in figures):.0f} ms")
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -611,12 +621,14 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         return sum(cpu_seconds(s.proc.pid) for s in servers)
 
     for run in range(args.connect_runs if "connects" in args.rows else 0):
+        collector(servers)  # from here
         profiler.start(f"connect-echo-{run}", servers)
         before = server_cpu()
         echo_rates.append(await connect_rate(urls, args.connects, echo_ready))
         echo_cpu.append((server_cpu() - before) * 1000 / args.connects)
         profiler.stop()
         await settle(servers)
+        echo_gc = collector(servers)
         profiler.start(f"connect-tunnel-{run}", servers)
         before = server_cpu()
         tunnel_rates.append(await connect_rate(
@@ -624,8 +636,10 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         tunnel_cpu.append((server_cpu() - before) * 1000 / args.connects)
         profiler.stop()
         await settle(servers)
+        tunnel_gc = collector(servers)
         print(f"  connects/s, run {run + 1}: echo {echo_rates[-1]:.0f} ({echo_cpu[-1]:.2f} ms daphne CPU each), "
               f"tunnel {tunnel_rates[-1]:.0f} ({tunnel_cpu[-1]:.2f} ms)")
+        print(f"    daphne's cyclic collector, sockets opened and closed: echo {echo_gc}; tunnel {tunnel_gc}")
     if not echo_rates:
         return rows
     echo_rate, tunnel_rate = max(echo_rates), max(tunnel_rates)
