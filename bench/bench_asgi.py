@@ -15,8 +15,8 @@
   (``services.device_call`` from a worker thread, as the probes' background calls are made) and the
   socket gets the result as JSON.
 - ``GET /bench/gc``: the cyclic collector's work in this process since the last such GET (``gc.callbacks``):
-  ``{"collections": n, "ms": total, "longest_ms": ..., "full": n}``; every socket of the process waits
-  while it runs.
+  ``{"collections": n, "ms": total, "longest_ms": ..., "full": n, "longest": {"generation", "collected"}}``;
+  every socket of the process waits while it runs.
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class CollectorWatch:
 
     def reset(self) -> dict[str, Any]:
         figures = getattr(self, "figures", None)
-        self.figures: dict[str, Any] = {"collections": 0, "ms": 0.0, "longest_ms": 0.0, "full": 0}
+        self.figures: dict[str, Any] = {"collections": 0, "ms": 0.0, "longest_ms": 0.0, "full": 0,
+                                        "longest": None}
         return figures or self.figures
 
     def callback(self, phase: str, info: dict[str, Any]) -> None:
@@ -163,7 +164,9 @@ class CollectorWatch:
         figures = self.figures
         figures["collections"] += 1
         figures["ms"] += ms
-        figures["longest_ms"] = max(figures["longest_ms"], ms)
+        if ms > figures["longest_ms"]:
+            figures["longest_ms"] = ms
+            figures["longest"] = {"generation": info["generation"], "collected": info["collected"]}
         figures["full"] += info["generation"] == 2
 
 
