@@ -15,6 +15,7 @@ REQUIRED=(
   "ss:iproute2"        # shows which TCP connection carried a device-web stream (the relay's end-to-end test)
 )
 APT_GET=${AI1NET_APT_GET:-apt-get}
+LOCK_WAIT_SECONDS=600  # how long to wait for another apt to finish
 
 missing_packages() {
   local entry
@@ -39,8 +40,15 @@ if command -v "$APT_GET" >/dev/null 2>&1; then
     echo "make deps: installing ${missing[*]} ($install_command)"
     export DEBIAN_FRONTEND=noninteractive
     # A failed apt-get is judged by what is still missing afterwards, and told in the one line below.
-    "${sudo[@]}" "$APT_GET" update -qq >/dev/null || true
-    "${sudo[@]}" "$APT_GET" install -y -qq "${missing[@]}" >/dev/null || true
+    # Another apt may hold its locks (a fresh machine's first upgrade, a second `make` at the same time):
+    # install waits for dpkg's lock; update does not wait for its lists' lock, so it is tried again.
+    for ((try = 1; ; try++)); do
+      err=$("${sudo[@]}" "$APT_GET" update -qq 2>&1 >/dev/null) && break
+      [[ $err == *"Could not get lock"* || $err == *"Unable to lock"* ]] && ((try < LOCK_WAIT_SECONDS)) || break
+      sleep 1
+    done
+    "${sudo[@]}" "$APT_GET" -o "DPkg::Lock::Timeout=$LOCK_WAIT_SECONDS" install -y -qq "${missing[@]}" \
+      >/dev/null || true
     mapfile -t missing < <(missing_packages)
     [ ${#missing[@]} -eq 0 ] && exit 0
     install_command="apt-get install -y ${missing[*]}"

@@ -62,8 +62,39 @@ def test_as_root_it_installs_the_missing_packages_with_apt(tmp_path):
     done = run(bin_dir, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
     assert done.returncode == 0, done.stderr
     assert done.stdout == "make deps: installing chromium ripgrep git (apt-get install -y chromium ripgrep git)\n"
-    assert log.read_text().splitlines() == ["update -qq", "install -y -qq chromium ripgrep git"]
+    assert log.read_text().splitlines() == ["update -qq", "-o DPkg::Lock::Timeout=600 install -y -qq chromium ripgrep git"]
     assert (bin_dir / "rg").exists()
+
+
+def test_while_another_apt_holds_the_lists_lock_update_is_tried_again(tmp_path):
+    """apt-get install waits for dpkg's lock by itself (its timeout option); update fails at once on the lists'
+    lock (apt 2.6), so the script tries it again instead of installing from no lists on a fresh machine."""
+    bin_dir, log, tries = tmp_path / "bin", tmp_path / "apt.log", tmp_path / "tries"
+    bin_dir.mkdir()
+    for command in ("chromium", "git", "tmux", "npm", "ss"):
+        stub(bin_dir, command)
+    stub(bin_dir, "sleep")
+    # Busy for the first two updates, as apt-get says it; then the install puts rg on PATH.
+    stub(tmp_path, "fake-apt", f'echo "$@" >> {log}\n'
+         f'case "$*" in *update*) echo x >> {tries}; [ "$(/usr/bin/wc -l < {tries})" -gt 2 ] && exit 0\n'
+         '  echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 6655 (apt-get)" >&2\n'
+         '  echo "E: Unable to lock directory /var/lib/apt/lists/" >&2; exit 100;;\n'
+         f'*install*) /bin/cp {bin_dir}/git {bin_dir}/rg;; esac')
+    done = run(bin_dir, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["update -qq"] * 3 + ["-o DPkg::Lock::Timeout=600 install -y -qq ripgrep"]
+
+
+def test_an_update_failing_for_another_reason_is_not_retried(tmp_path):
+    bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
+    bin_dir.mkdir()
+    for command in ("chromium", "git", "tmux", "npm", "ss"):
+        stub(bin_dir, command)
+    stub(tmp_path, "fake-apt", f'echo "$@" >> {log}\n'
+         'case "$*" in *update*) echo "W: Failed to fetch http://deb.example/dists/x/InRelease" >&2; exit 100;; esac')
+    done = run(bin_dir, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
+    assert done.returncode == 1
+    assert log.read_text().splitlines() == ["update -qq", "-o DPkg::Lock::Timeout=600 install -y -qq ripgrep"]
 
 
 def test_an_install_that_leaves_something_missing_fails_naming_it(tmp_path):
