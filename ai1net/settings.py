@@ -219,18 +219,16 @@ REDIS_PREFIX = os.environ.get("AI1NET_REDIS_PREFIX") or (f"ai1net-{_TEST_WORKER}
 if REDIS_URL:
     # The layer is a doorbell, never a queue (shared/reference/stack-notes.md). redis-py 8 would
     # otherwise time idle consumers out after ~5 s and cap the pool at 100 connections.
-    # The client's name and version told to Redis once, not looked up in the installed packages' metadata
-    # for every new connection (redis-py 8 does: 6% of daphne's CPU in a connect storm, bench/tunnel.py).
-    import redis as _redis
-    from redis.driver_info import DriverInfo as _DriverInfo
-
-    _REDIS_DRIVER = _DriverInfo(name="redis-py", lib_version=_redis.__version__)
+    # No CLIENT SETINFO on a new connection (driver_info None): Redis before 7.2 (Debian 12's 7.0) refuses
+    # it, so each new connection sent two commands for two errors that redis-py caught and left in
+    # reference cycles (tests/test_connection_cycles.py); and redis-py 8 looked its own version up in the
+    # installed packages' metadata for every new connection (6% of daphne's CPU in a connect storm).
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "ai1net.channel_layers.RedisChannelLayer",  # channels-redis in fewer round trips
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": None, "max_connections": 100_000,
-                           "driver_info": _REDIS_DRIVER}],
+                           "driver_info": None}],
                 "prefix": f"{REDIS_PREFIX}:asgi",
                 "capacity": 1000,
                 "expiry": 30,
@@ -242,7 +240,7 @@ if REDIS_URL:
             "BACKEND": "ai1net.cache.SharedRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": f"{REDIS_PREFIX}:cache",
-            "OPTIONS": {"driver_info": _REDIS_DRIVER},
+            "OPTIONS": {"driver_info": None},
         }
     }
 else:
