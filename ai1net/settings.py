@@ -223,12 +223,16 @@ if REDIS_URL:
     # it, so each new connection sent two commands for two errors that redis-py caught and left in
     # reference cycles (tests/test_connection_cycles.py); and redis-py 8 looked its own version up in the
     # installed packages' metadata for every new connection (6% of daphne's CPU in a connect storm).
+    # Nor CLIENT MAINT_NOTIFICATIONS (a managed service's failover notices): Redis 7.0 refuses that too.
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    _REDIS_CONNECTION = {"driver_info": None, "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "ai1net.channel_layers.RedisChannelLayer",  # channels-redis in fewer round trips
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": None, "max_connections": 100_000,
-                           "driver_info": None}],
+                           **_REDIS_CONNECTION}],
                 "prefix": f"{REDIS_PREFIX}:asgi",
                 "capacity": 1000,
                 "expiry": 30,
@@ -240,7 +244,7 @@ if REDIS_URL:
             "BACKEND": "ai1net.cache.SharedRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": f"{REDIS_PREFIX}:cache",
-            "OPTIONS": {"driver_info": None},
+            "OPTIONS": _REDIS_CONNECTION,
         }
     }
 else:
