@@ -18,6 +18,14 @@ def stub(folder: Path, name: str, body: str = "exit 0") -> None:
     path.chmod(0o755)
 
 
+def all_but_ripgrep(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("chromium", "git", "tmux", "npm", "ss"):
+        stub(bin_dir, command)
+    return bin_dir
+
+
 def run(bin_dir: Path, uid: int, **env: str) -> subprocess.CompletedProcess[str]:
     stub(bin_dir, "id", f"echo {uid}")
     return subprocess.run(["/bin/bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
@@ -62,17 +70,15 @@ def test_as_root_it_installs_the_missing_packages_with_apt(tmp_path):
     done = run(bin_dir, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
     assert done.returncode == 0, done.stderr
     assert done.stdout == "make deps: installing chromium ripgrep git (apt-get install -y chromium ripgrep git)\n"
-    assert log.read_text().splitlines() == ["update -qq", "-o DPkg::Lock::Timeout=600 install -y -qq chromium ripgrep git"]
+    assert log.read_text().splitlines() == ["update -qq",
+                                            "-o DPkg::Lock::Timeout=600 install -y -qq chromium ripgrep git"]
     assert (bin_dir / "rg").exists()
 
 
 def test_while_another_apt_holds_the_lists_lock_update_is_tried_again(tmp_path):
     """apt-get install waits for dpkg's lock by itself (its timeout option); update fails at once on the lists'
     lock (apt 2.6), so the script tries it again instead of installing from no lists on a fresh machine."""
-    bin_dir, log, tries = tmp_path / "bin", tmp_path / "apt.log", tmp_path / "tries"
-    bin_dir.mkdir()
-    for command in ("chromium", "git", "tmux", "npm", "ss"):
-        stub(bin_dir, command)
+    bin_dir, log, tries = all_but_ripgrep(tmp_path), tmp_path / "apt.log", tmp_path / "tries"
     stub(bin_dir, "sleep")
     # Busy for the first two updates, as apt-get says it; then the install puts rg on PATH.
     stub(tmp_path, "fake-apt", f'echo "$@" >> {log}\n'
@@ -86,10 +92,7 @@ def test_while_another_apt_holds_the_lists_lock_update_is_tried_again(tmp_path):
 
 
 def test_an_update_failing_for_another_reason_is_not_retried(tmp_path):
-    bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
-    bin_dir.mkdir()
-    for command in ("chromium", "git", "tmux", "npm", "ss"):
-        stub(bin_dir, command)
+    bin_dir, log = all_but_ripgrep(tmp_path), tmp_path / "apt.log"
     stub(tmp_path, "fake-apt", f'echo "$@" >> {log}\n'
          'case "$*" in *update*) echo "W: Failed to fetch http://deb.example/dists/x/InRelease" >&2; exit 100;; esac')
     done = run(bin_dir, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
@@ -99,9 +102,7 @@ def test_an_update_failing_for_another_reason_is_not_retried(tmp_path):
 
 def test_an_install_that_leaves_something_missing_fails_naming_it(tmp_path):
     stub(tmp_path, "fake-apt", "exit 100")  # fails, installs nothing
-    for command in ("chromium", "git", "tmux", "npm", "ss"):
-        stub(tmp_path, command)
-    done = run(tmp_path, uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
+    done = run(all_but_ripgrep(tmp_path), uid=0, AI1NET_APT_GET=str(tmp_path / "fake-apt"))
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1].startswith("make deps: missing system package(s) ripgrep:")
 
