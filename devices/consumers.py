@@ -733,5 +733,14 @@ class DevicesPageConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         pass  # the page only listens
 
+    async def app_event(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])
+
+    async def app_events(self, message: dict[str, Any]) -> None:
+        """Presence of several devices in one layer message (ai1net.realtime), sent in order."""
+        for event in message["events"]:
+            await self.send_json(event)
+
     async def devices_presence_changed(self, message: dict[str, Any]) -> None:
+        # What a process of the version before sends (presence as a message of its own type).
         await self.send_json(message)

@@ -1,7 +1,8 @@
 """Group names and events of the devices app. Events leave only after commit.
 
 Groups:
-  user_group(user_id)      the owner's open pages (presence)
+  user_group(user_id)      the owner's open pages (presence): ``app.event`` / ``app.events`` (ai1net.realtime)
+                           carrying ``devices.presence.changed`` events, as the pages' sockets send them on
 A device's live tunnel connection has no group: messages for it go to its channel, the row's
 ``channel_name`` (read with the write that calls for them: the outbox's seq allocation locks the row,
 so no hello can make another connection live between that read and the commit).
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ai1net.realtime import channel_send_on_commit, group_send_on_commit
+from ai1net.realtime import APP_EVENT, channel_send_on_commit, group_send_on_commit
 from devices.models import is_tunnel_channel
 
 PRESENCE_CHANGED = "devices.presence.changed"
@@ -48,7 +49,10 @@ def _send_on_commit(group: str, message: dict[str, Any]) -> None:
 
 
 def send_presence_changed(device: Any) -> None:
-    _send_on_commit(user_group(device.owner_id), {"type": PRESENCE_CHANGED, **presence_payload(device)})
+    # As an app event: while one send to the owner's pages is on its way, the changes after it wait and
+    # leave together (ai1net.realtime), one layer message for many devices in a fleet's reconnect storm.
+    _send_on_commit(user_group(device.owner_id),
+                    {"type": APP_EVENT, "event": {"type": PRESENCE_CHANGED, **presence_payload(device)}})
 
 
 def send_outbox_doorbell(channel_name: str, frames: list[tuple[int, str]] | None = None, *, relay: str = "") -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from ai1net import realtime
 from ai1net.accounts.models import AuditEntry
 from devices import services
 from devices.consumers import DevicesPageConsumer
@@ -101,6 +104,40 @@ async def test_presence_is_pushed_to_the_owners_page(user, other_user):
     assert await theirs.receive_nothing(0.3)
     await mine.disconnect()
     await theirs.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_presence_changes_waiting_for_the_owners_pages_leave_together_and_arrive_in_order(user, monkeypatch):
+    """A fleet's reconnect storm: while one presence send to the owner's pages is on its way, the changes after
+    it wait and leave as one layer message (one Redis round trip, not one per device); the page gets every
+    device's event, in order, as it always did."""
+    devices = [(await sync_to_async(services.device_create)(owner=user, name=f"d{i}", kind="bridge"))[0]
+               for i in range(4)]
+    page = WebsocketCommunicator(DevicesPageConsumer.as_asgi(), "/ws/devices")
+    page.scope["user"] = user
+    assert (await page.connect())[0]
+    sent, on_its_way, real_send = [], asyncio.Event(), realtime._send
+
+    async def send(group, message):
+        sent.append(message["type"])
+        await on_its_way.wait()
+        await real_send(group, message)
+
+    monkeypatch.setattr(realtime, "_send", send)
+    try:
+        for device in devices:
+            await sync_to_async(services.device_revoke)(device=device, actor=user)
+        await asyncio.sleep(0.05)  # the loop takes every hand-over
+        on_its_way.set()
+        got = [await page.receive_json_from(3) for _ in devices]
+    finally:
+        on_its_way.set()
+    assert sent == ["app.event", "app.events"]
+    assert [event["device_id"] for event in got] == [str(device.pk) for device in devices]
+    assert all(set(event) == {"type", "device_id", "online", "last_seen_at", "connection_count"}
+               and event["type"] == "devices.presence.changed" and event["online"] is False for event in got)
+    assert await page.receive_nothing(0.2)
+    await page.disconnect()
 
 
 async def test_presence_socket_needs_a_login():

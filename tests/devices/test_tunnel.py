@@ -97,6 +97,13 @@ async def test_token_in_the_url_is_not_accepted(paired):
 
 # --- hello and presence -----------------------------------------------------------------------
 
+async def presence_event(layer, page: str) -> dict:
+    """The next presence event a page's channel gets: one ``app.event`` (one change at a time here)."""
+    message = await asyncio.wait_for(layer.receive(page), 10)
+    assert message["type"] == "app.event", message
+    return message["event"]
+
+
 async def test_hello_makes_the_device_online_and_pushes_presence(paired, user, settings):
     settings.DEVICE_HEARTBEAT_SEC = 20
     device, token = paired
@@ -110,14 +117,14 @@ async def test_hello_makes_the_device_online_and_pushes_presence(paired, user, s
         dev, reply = await connected(token)
         assert reply == {"deviceId": str(device.pk), "heartbeatSec": 20, "protocolVersion": protocol.PROTOCOL_VERSION,
                          "resendFrom": 1}
-        event = await asyncio.wait_for(layer.receive(page), 10)
+        event = await presence_event(layer, page)
         assert event["type"] == "devices.presence.changed"
         assert event["device_id"] == str(device.pk) and event["online"] is True and event["connection_count"] == 1
         fresh = await db(Device.objects.get)(pk=device.pk)
         assert fresh.is_online and fresh.capabilities == ["mobile"] and fresh.client_version == "test"
         assert seen and seen[0][0] == device.pk
         await dev.close()
-        event = await asyncio.wait_for(layer.receive(page), 10)
+        event = await presence_event(layer, page)
         assert event["online"] is False
         fresh = await db(Device.objects.get)(pk=device.pk)
         assert not fresh.is_online and fresh.disconnected_at is not None
@@ -136,9 +143,9 @@ async def test_a_page_on_the_same_layer_gets_every_offline_event_as_tunnels_clos
     await layer.group_add(events.user_group(user.pk), page)
     for _ in range(20):
         dev, _reply = await connected(token)
-        assert (await asyncio.wait_for(layer.receive(page), 10))["online"] is True
+        assert (await presence_event(layer, page))["online"] is True
         await dev.close()
-        assert (await asyncio.wait_for(layer.receive(page), 10))["online"] is False
+        assert (await presence_event(layer, page))["online"] is False
 
 
 async def test_hello_is_required_first_and_validated(paired):
