@@ -1,0 +1,20 @@
+"""The hot-path benchmarks of issue 10 (``python -m bench``; README, "Performance")."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """End this benchmark on SIGTERM as on Ctrl-C: ``SystemExit`` runs its ``finally`` blocks, which stop the
+    daphne processes, bridges and local services it started. Python's default (die at once) left them running,
+    bound to their ports, after ``timeout`` or a cancelled job ended a benchmark (five worlds' processes were
+    found here that way). A second SIGTERM while it cleans up is ignored, so the clean-up finishes."""
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    signal.signal(signum, signal.SIG_IGN)
+    sys.exit(128 + signum)

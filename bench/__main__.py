@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import stop_cleanly_on_sigterm
 from bench.report import load, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +34,23 @@ BENCHES: dict[str, list[tuple[list[str], dict[str, str]]]] = {
 }
 
 
+def run_bench(argv: list[str], env: dict[str, str]) -> int:
+    """One benchmark's exit code. Ended by SIGTERM (``stop_cleanly_on_sigterm``), the runner passes it on and
+    waits while the benchmark stops what it started (subprocess.run would kill it outright: nothing stopped);
+    Ctrl-C reaches the benchmark by itself (the terminal's process group)."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env)
+    try:
+        return proc.wait()
+    except SystemExit:
+        proc.terminate()
+        raise
+    finally:
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (the whole run under 3 minutes)")
     parser.add_argument("--json", help="also keep the rows in this file (JSON)")
     args = parser.parse_args(argv)
+    stop_cleanly_on_sigterm()
 
     names = list(BENCHES) if args.which == "all" else [args.which]
     with tempfile.TemporaryDirectory(prefix="ai1net-bench-") as tmp:
@@ -55,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 shown = " ".join([*(f"{k}={v}" for k, v in bench_env.items()), *argv_bench[1:]])
                 print(f"\n##### {name}: {shown}", flush=True)
                 begun = time.monotonic()
-                if subprocess.run(argv_bench, cwd=ROOT, env={**base_env, **bench_env}).returncode != 0:
+                if run_bench(argv_bench, {**base_env, **bench_env}) != 0:
                     failed.append(name)
                 print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
         rows = load(rows_file)

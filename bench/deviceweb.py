@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from bench import stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, p50_p99, pct  # noqa: E402
 from clients.common.credentials import Credential, save_credential  # noqa: E402
 
@@ -505,6 +506,7 @@ def main() -> None:
     parser.add_argument("--bridge-pyz", default=None, metavar="PATH",
                         help="run the bridge from this .pyz on a bare interpreter (-I -S), as users do")
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)
     args.ws_samples = args.ws_samples or (150 if args.quick else 600)

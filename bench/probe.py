@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from bench import stop_cleanly_on_sigterm  # noqa: E402
 from bench.deviceweb import PY, REDIS_URL, World, postgres_database, redis_prefix, wait_for  # noqa: E402
 from bench.report import p50_p99  # noqa: E402
 
@@ -117,6 +118,7 @@ def main() -> None:
     parser.add_argument("--config", choices=["embedded", "pg+redis", "both"], default="both")
     parser.add_argument("--commands", type=int, default=300, help="read commands per daphne")
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1"})

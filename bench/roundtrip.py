@@ -65,6 +65,7 @@ VENV_BIN = Path(sys.executable).parent
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 
+from bench import stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
 from clients.bridge.hooks_install import hook_command, precompile_hook  # noqa: E402
@@ -580,6 +581,7 @@ async def main() -> None:
     parser.add_argument("--json", help="append the rows of issue 10 to this file (bench/report.py)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder with the processes' logs")
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     if args.questions is None:
         args.questions = QUICK_QUESTIONS if args.quick else 300
     if args.questions < 1:

@@ -60,6 +60,7 @@ VENV_BIN = Path(sys.executable).parent
 
 import websockets  # noqa: E402
 
+from bench import stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from bench.report import p50_p99 as ms  # noqa: E402
 from clients import protocol  # noqa: E402
@@ -712,6 +713,7 @@ async def main() -> None:
                         help="idle mode: new connections offered per second (echo and tunnel alike)")
     parser.add_argument("--layers", default="default", help="details with REDIS_URL: default,pubsub")
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     args.samples = args.samples or (300 if args.quick else 500)
     args.connects = args.connects or (1000 if args.quick else 2000)
     args.connect_runs = args.connect_runs or (1 if args.quick else 2)
