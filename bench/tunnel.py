@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -712,6 +713,7 @@ async def main() -> None:
     parser.add_argument("--connect-rate", type=float, default=1000.0,
                         help="idle mode: new connections offered per second (echo and tunnel alike)")
     parser.add_argument("--layers", default="default", help="details with REDIS_URL: default,pubsub")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder with daphne's logs")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
     args.samples = args.samples or (300 if args.quick else 500)
@@ -720,6 +722,18 @@ async def main() -> None:
     args.tunnels = [] if args.quick else [int(n) for n in args.tunnels.split(",") if n]
     _raise_nofile()
     workdir = Path(tempfile.mkdtemp(prefix="ai1net-bench-"))
+    ok = False
+    try:
+        await run_all(args, workdir)
+        ok = True
+    finally:  # a failed run keeps its logs (and its SQLite file) for a look
+        if ok and not args.keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {workdir}")
+
+
+async def run_all(args: argparse.Namespace, workdir: Path) -> None:
     env = dict(os.environ)
     scaled = bool(env.get("REDIS_URL"))
     config = "pg+redis, 2 daphne" if scaled else "embedded"
