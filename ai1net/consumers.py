@@ -90,3 +90,15 @@ class LoopDispatch:
         if isinstance(self.channel_layer, RedisChannelLayer):
             receive = _receive_finishing_on_close(self.channel_layer, self.channel_name)
         self._channel_receive = receive
+
+
+class AppEvents:
+    """A page's socket (a JSON consumer) handling ai1net.realtime's events: each event goes to the browser as it
+    is, and several that left in one layer message (``app.events``) go in their order."""
+
+    async def app_event(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])
+
+    async def app_events(self, message: dict[str, Any]) -> None:
+        for event in message["events"]:
+            await self.send_json(event)

@@ -32,7 +32,8 @@ Rows (bench/report.py):
   tunnel's process and on the other one.
 Details (not with --quick): the older round trips (bench.enqueue request -> deliver, devices.ping),
 throughput to one device, and with --idle, the RSS per idle socket.
-It starts its own daphne processes on free loopback ports against a fresh database.
+It starts its own daphne processes on free loopback ports against a fresh database. Their logs (and the
+embedded SQLite file) go to a temp folder, removed after a run that did not fail unless --keep-logs.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from ai1net import realtime
-from ai1net.consumers import LoopDispatch
+from ai1net.consumers import AppEvents, LoopDispatch
 from ai1net.db_threads import DatabaseThreads, default_count
 from ai1net.exceptions import ApplicationError, RateLimited, ValidationFailed
 from ai1net.limits import enforce_storable
@@ -716,8 +716,9 @@ class DeviceConsumer(LoopDispatch, AsyncWebsocketConsumer):
             task.add_done_callback(_background.discard)
 
 
-class DevicesPageConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
-    """/ws/devices: pushes ``devices.presence.changed`` for the logged-in user's devices."""
+class DevicesPageConsumer(AppEvents, LoopDispatch, AsyncJsonWebsocketConsumer):
+    """/ws/devices: pushes ``devices.presence.changed`` for the logged-in user's devices (they come as app
+    events, AppEvents)."""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -732,14 +733,6 @@ class DevicesPageConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         pass  # the page only listens
-
-    async def app_event(self, message: dict[str, Any]) -> None:
-        await self.send_json(message["event"])
-
-    async def app_events(self, message: dict[str, Any]) -> None:
-        """Presence of several devices in one layer message (ai1net.realtime), sent in order."""
-        for event in message["events"]:
-            await self.send_json(event)
 
     async def devices_presence_changed(self, message: dict[str, Any]) -> None:
         # What a process of the version before sends (presence as a message of its own type).

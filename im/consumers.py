@@ -5,7 +5,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from ai1net.consumers import LoopDispatch
+from ai1net.consumers import AppEvents, LoopDispatch
 from ai1net.exceptions import NotFound
 from im import events, selectors
 from im.access import otp_satisfied
@@ -13,7 +13,7 @@ from im.access import otp_satisfied
 CLOSE_NOT_ALLOWED = 4404
 
 
-class RoomConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
+class RoomConsumer(AppEvents, LoopDispatch, AsyncJsonWebsocketConsumer):
     group: str | None = None
 
     async def connect(self) -> None:
@@ -43,10 +43,3 @@ class RoomConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
 
-    async def app_event(self, message: dict) -> None:
-        await self.send_json(message["event"])
-
-    async def app_events(self, message: dict) -> None:
-        """Several events of one commit in one layer message (ai1net.realtime), sent in order."""
-        for event in message["events"]:
-            await self.send_json(event)

@@ -72,8 +72,7 @@ def _sync_to_async_thread_gives_back_its_connection(request):
     from asgiref.sync import SyncToAsync
     from django.db import close_old_connections
 
-    if getattr(SyncToAsync.single_thread_executor, "_threads", None):  # the thread exists: a call ran there
-        SyncToAsync.single_thread_executor.submit(close_old_connections).result(timeout=10)
+    SyncToAsync.single_thread_executor.submit(close_old_connections).result(timeout=10)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,8 @@
 
 ``GET /test/gc`` runs the cyclic collector and answers what it found: ``garbage``, the objects that were only
 kept alive by reference cycles, counted by type; ``exceptions``, where each exception among them was raised;
-and ``open_sockets``, the WebSocket protocols still alive otherwise (daphne lets go of a closed one within a second). What was found is freed before the answer.
+and ``open_sockets``, the WebSocket protocols still alive otherwise (daphne lets go of a closed one within a
+second). What was found is freed before the answer.
 """
 
 from __future__ import annotations
