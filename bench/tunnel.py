@@ -5,7 +5,8 @@
     .venv/bin/python bench/tunnel.py                              # rows with more samples + details
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/tunnel.py --quick
     .venv/bin/python bench/tunnel.py --idle 1000,5000,15000       # also idle sockets held (slow)
-    ... --json rows.json (append the rows, bench/report.py) --py-spy DIR (profile daphne per phase)
+    ... --json rows.json (append the rows, bench/report.py) --py-spy DIR (profile daphne per phase;
+    needs py-spy in the venv: .venv/bin/pip install py-spy)
 
 Configurations: "embedded" (SQLite in a temp folder + the in-memory layer, one daphne) unless REDIS_URL
 is set; then "pg+redis, 2 daphne": a fresh PostgreSQL database (dropped at the end) and two daphne
@@ -716,6 +717,10 @@ async def main() -> None:
     parser.add_argument("--layers", default="default", help="details with REDIS_URL: default,pubsub")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder with daphne's logs")
     args = parser.parse_args()
+    if args.py_spy and not (VENV_BIN / "py-spy").exists():
+        # A profiler for this benchmark only: not among the project's requirements.
+        parser.error(f"--py-spy records with {VENV_BIN / 'py-spy'}, which is not installed: "
+                     f"{VENV_BIN / 'pip'} install py-spy")
     stop_cleanly_on_sigterm()
     args.samples = args.samples or (300 if args.quick else 500)
     args.connects = args.connects or (1000 if args.quick else 2000)
