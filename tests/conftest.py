@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
+import warnings
 
 import pytest
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
@@ -93,9 +97,6 @@ def _test_database_holders_named(request):
 
 
 def _name_and_end_the_test_databases_holders() -> None:
-    import time
-    import warnings
-
     from django.db import connection
 
     connection.close()
@@ -119,9 +120,6 @@ def _name_and_end_the_test_databases_holders() -> None:
 
 def _local_process_on_port(port: int | None) -> str:
     """The local process whose socket has this client port (``ss`` from iproute2), for the warning above."""
-    import os
-    import subprocess
-
     if not port or not shutil.which("ss"):
         return "an unknown process"
     found = subprocess.run(["ss", "-tnpH", f"sport = :{port}"], capture_output=True, text=True).stdout.strip()
