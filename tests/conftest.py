@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 import warnings
 
@@ -90,13 +91,44 @@ def _test_database_holders_named(request):
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or not uses_database:
         yield
         return
+    holders = _record_connection_holders()  # before the setup: the pool opens its first connections there
     request.getfixturevalue("django_db_setup")  # torn down after this fixture: the drop comes after
     yield
     with request.getfixturevalue("django_db_blocker").unblock():
-        _name_and_end_the_test_databases_holders()
+        _name_and_end_the_test_databases_holders(holders)
 
 
-def _name_and_end_the_test_databases_holders() -> None:
+def _record_connection_holders() -> dict[int, str]:
+    """Who took each connection of this worker last, by backend pid: the test running then (pytest's
+    ``PYTEST_CURRENT_TEST``) and the thread, when it was opened and when it was last taken from the pool.
+    The warning below then names the test that left one open."""
+    import psycopg
+    import psycopg_pool
+
+    holders: dict[int, str] = {}
+    connect, getconn = psycopg.Connection.connect.__func__, psycopg_pool.ConnectionPool.getconn
+
+    def now_here(what: str) -> str:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "no test").removesuffix(" (call)")
+        return f"{what} during {test} in thread {threading.current_thread().name!r}"
+
+    def connect_recorded(cls, *args, **kwargs):
+        conn = connect(cls, *args, **kwargs)
+        holders[conn.info.backend_pid] = now_here("opened")
+        return conn
+
+    def getconn_recorded(self, *args, **kwargs):
+        conn = getconn(self, *args, **kwargs)
+        holders[conn.info.backend_pid] = now_here("taken from the pool")
+        return conn
+
+    # For the rest of this worker's run.
+    psycopg.Connection.connect = classmethod(connect_recorded)
+    psycopg_pool.ConnectionPool.getconn = getconn_recorded
+    return holders
+
+
+def _name_and_end_the_test_databases_holders(takers: dict[int, str]) -> None:
     from django.db import connection
 
     connection.close()
@@ -114,7 +146,8 @@ def _name_and_end_the_test_databases_holders() -> None:
         for pid, port, state, started, query in holders:
             warnings.warn(f"a connection was still open on the test database {name} at the end of the run: "
                           f"backend {pid} ({state}, since {started:%H:%M:%S}), last statement {query!r}, "
-                          f"held by {_local_process_on_port(port)}", stacklevel=1)
+                          f"held by {_local_process_on_port(port)}, {takers.get(pid, 'not opened by psycopg in this worker')}",
+                          stacklevel=1)
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
