@@ -86,46 +86,47 @@ def _test_database_holders_named(request):
     dropped, and pytest-django's warning ("is being accessed by other users") named neither the connection
     nor its owner (once in every few CI runs, not reproduced here). Before the drop: the pool is closed, and
     every session still on the database is named in a warning (its last statement and the local process
-    holding it), then ended, so the database goes and the next run finds no leftover."""
+    holding it, and the test and thread that took it last), then ended, so the database goes and the next run
+    finds no leftover."""
     uses_database = any(item.get_closest_marker("django_db") for item in request.session.items)
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or not uses_database:
         yield
         return
-    holders = _record_connection_holders()  # before the setup: the pool opens its first connections there
+    takers = _record_connection_takers()  # before the setup: the pool opens its first connections there
     request.getfixturevalue("django_db_setup")  # torn down after this fixture: the drop comes after
     yield
     with request.getfixturevalue("django_db_blocker").unblock():
-        _name_and_end_the_test_databases_holders(holders)
+        _name_and_end_the_test_databases_holders(takers)
 
 
-def _record_connection_holders() -> dict[int, str]:
-    """Who took each connection of this worker last, by backend pid: the test running then (pytest's
-    ``PYTEST_CURRENT_TEST``) and the thread, when it was opened and when it was last taken from the pool.
-    The warning below then names the test that left one open."""
+def _record_connection_takers() -> dict[int, str]:
+    """Who took each connection of this worker last, by backend pid: the test and its phase running then
+    (pytest's ``PYTEST_CURRENT_TEST``) and the thread, when it was opened and each time it is taken from the
+    pool. The warning below then names the test that left a connection open."""
     import psycopg
     import psycopg_pool
 
-    holders: dict[int, str] = {}
+    takers: dict[int, str] = {}
     connect, getconn = psycopg.Connection.connect.__func__, psycopg_pool.ConnectionPool.getconn
 
     def now_here(what: str) -> str:
-        test = os.environ.get("PYTEST_CURRENT_TEST", "no test").removesuffix(" (call)")
+        test = os.environ.get("PYTEST_CURRENT_TEST", "no test")
         return f"{what} during {test} in thread {threading.current_thread().name!r}"
 
     def connect_recorded(cls, *args, **kwargs):
         conn = connect(cls, *args, **kwargs)
-        holders[conn.info.backend_pid] = now_here("opened")
+        takers[conn.info.backend_pid] = now_here("opened")
         return conn
 
     def getconn_recorded(self, *args, **kwargs):
         conn = getconn(self, *args, **kwargs)
-        holders[conn.info.backend_pid] = now_here("taken from the pool")
+        takers[conn.info.backend_pid] = now_here("taken from the pool")
         return conn
 
     # For the rest of this worker's run.
     psycopg.Connection.connect = classmethod(connect_recorded)
     psycopg_pool.ConnectionPool.getconn = getconn_recorded
-    return holders
+    return takers
 
 
 def _name_and_end_the_test_databases_holders(takers: dict[int, str]) -> None:
