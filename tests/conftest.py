@@ -84,22 +84,24 @@ def _sync_to_async_thread_gives_back_its_connection(request):
 def _test_database_holders_named(request):
     """On PostgreSQL, a connection still open on the test database at the end of the run kept it from being
     dropped, and pytest-django's warning ("is being accessed by other users") named neither the connection
-    nor its owner (once in every few CI runs, not reproduced here). Before the drop: the pool is closed, and
-    every session still on the database is named in a warning (its last statement and the local process
-    holding it, and the test and thread that took it last), then ended, so the database goes and the next run
-    finds no leftover."""
+    nor its owner (once in every few CI runs, a connection of the worker itself; not reproduced outside CI).
+    Before the drop: the pool is closed, and every session still on the database is named in a warning (its
+    last statement, the local process holding it, and the test and thread that took it last), then ended, so
+    the database goes and the next run finds no leftover. The psycopg patches that record the takers are undone
+    right after."""
     uses_database = any(item.get_closest_marker("django_db") for item in request.session.items)
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or not uses_database:
         yield
         return
-    takers = _record_connection_takers()  # before the setup: the pool opens its first connections there
-    request.getfixturevalue("django_db_setup")  # torn down after this fixture: the drop comes after
-    yield
-    with request.getfixturevalue("django_db_blocker").unblock():
-        _name_and_end_the_test_databases_holders(takers)
+    with pytest.MonkeyPatch.context() as patches:
+        takers = _record_connection_takers(patches)  # before the setup: the pool opens its first connections there
+        request.getfixturevalue("django_db_setup")  # torn down after this fixture: the drop comes after
+        yield
+        with request.getfixturevalue("django_db_blocker").unblock():
+            _name_and_end_the_test_databases_holders(takers)
 
 
-def _record_connection_takers() -> dict[int, str]:
+def _record_connection_takers(patches: pytest.MonkeyPatch) -> dict[int, str]:
     """Who took each connection of this worker last, by backend pid: the test and its phase running then
     (pytest's ``PYTEST_CURRENT_TEST``) and the thread, when it was opened and each time it is taken from the
     pool. The warning below then names the test that left a connection open."""
@@ -123,9 +125,8 @@ def _record_connection_takers() -> dict[int, str]:
         takers[conn.info.backend_pid] = now_here("taken from the pool")
         return conn
 
-    # For the rest of this worker's run.
-    psycopg.Connection.connect = classmethod(connect_recorded)
-    psycopg_pool.ConnectionPool.getconn = getconn_recorded
+    patches.setattr(psycopg.Connection, "connect", classmethod(connect_recorded))
+    patches.setattr(psycopg_pool.ConnectionPool, "getconn", getconn_recorded)
     return takers
 
 
@@ -145,10 +146,10 @@ def _name_and_end_the_test_databases_holders(takers: dict[int, str]) -> None:
                 break
             time.sleep(0.1)
         for pid, port, state, started, query in holders:
+            taker = takers.get(pid, "not opened by psycopg in this worker")
             warnings.warn(f"a connection was still open on the test database {name} at the end of the run: "
                           f"backend {pid} ({state}, since {started:%H:%M:%S}), last statement {query!r}, "
-                          f"held by {_local_process_on_port(port)}, {takers.get(pid, 'not opened by psycopg in this worker')}",
-                          stacklevel=1)
+                          f"held by {_local_process_on_port(port)}, {taker}", stacklevel=1)
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
