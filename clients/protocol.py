@@ -201,7 +201,8 @@ def _dump(message: Message) -> str:
 #     cost credit as one data frame, and the web.data after them still count seq from 0;
 #   - the platform writes the head (with those bytes) to the browser, then grants the rest of the window in one
 #     web.credit.
-# Until credit comes back, the device reads ahead from the local server at most WEB_SLOW_START_READ_AHEAD. So the
+# Until credit comes back, the device reads ahead from the local server at most WEB_SLOW_START_READ_AHEAD (before
+# the response head is read, at most WEB_MAX_HEAD_BYTES more, for the head; a longer head resets the stream). So the
 # head goes to the browser while the two processes of a big download are not yet flooding each other with its
 # body, one CPU-bound core each. First bytes that the first credit would not cover stay out of the head. A
 # device without the capability (an older bridge) gets no first_credit and starts with the whole window; a

@@ -61,6 +61,8 @@ class Upstream(asyncio.BufferedProtocol):
             else:  # to the front, over bytes already taken (no overlap)
                 self.buf[HEAD_ROOM:HEAD_ROOM + waiting] = memoryview(self.buf)[self.start:self.end]
             self.start, self.end = HEAD_ROOM, HEAD_ROOM + waiting
+        if self.read_limit is not None:  # one read never takes more than the limit leaves room for
+            return memoryview(self.buf)[self.end:self.end + max(1, self._pause_at() - (self.end - self.start))]
         return memoryview(self.buf)[self.end:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -151,7 +153,7 @@ class Upstream(asyncio.BufferedProtocol):
             found = self.buf.find(separator, self.start, self.end)
             if found >= 0:
                 return self._bytes(found + len(separator) - self.start)
-            if self.buffered >= self.capacity:
+            if self.buffered >= self._pause_at():  # nothing more is read until some is taken
                 raise asyncio.LimitOverrunError("separator not found within the limit", self.buffered)
             if self.eof:
                 await self._more()  # raises the connection's error, if any

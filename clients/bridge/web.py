@@ -449,6 +449,9 @@ class HttpStream(_Stream):
         reader = connection  # read as a StreamReader, written as a StreamWriter
         uploader: Optional[asyncio.Future] = None
         try:
+            if self.slow_start:  # until the head is read: the head and no more than the slow start's read-ahead
+                connection.limit_reading(protocol.WEB_MAX_HEAD_BYTES + protocol.WEB_SLOW_START_READ_AHEAD)
+                self.held_back = connection
             connection.write(request_head)
             uploader = asyncio.ensure_future(self._upload(connection, chunked=chunked, expect=has_body))
             uploader.add_done_callback(self._upload_done)
@@ -468,6 +471,8 @@ class HttpStream(_Stream):
                     return keep
                 if self.slow_start and framing[0] in ("length", "close"):
                     framing = await self._first_bytes(reader, framing, head)
+                else:
+                    self.read_ahead()
                 await self.send(protocol.WEB_RESPONSE, head)
                 await self._download(reader, framing)
             except asyncio.CancelledError:

@@ -114,6 +114,42 @@ async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_t
         server.close()
 
 
+async def test_a_local_server_that_answers_at_once_is_read_no_further_than_the_head_and_the_read_ahead():
+    """The whole response is on the socket before the bridge reads its head: reading up to the head stops at
+    the longest head plus the slow start's read-ahead (it once read on to the connection's capacity, 2 MiB,
+    before the head was parsed), and a head longer than that limit is refused, not waited on forever."""
+    port = web_port()
+    responses = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY,
+                 b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (2 * protocol.WEB_MAX_HEAD_BYTES) + b"\r\n\r\n"]
+
+    async def serve(reader, writer) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(responses.pop(0))  # at once: the kernel holds what the bridge has not read yet
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    platform = Platform()
+    forwarder = WebForwarder([port], platform.notify, lambda: 1, binary=platform.binary)
+    request = {"method": "GET", "path": "/", "query": "", "headers": [], "body": False, "port": port, "binary": True}
+    try:
+        forwarder.handle(protocol.WEB_OPEN, dict(request, stream="s", first_credit=FIRST))
+        await platform.until(lambda: platform.response("s") is not None)
+        await asyncio.sleep(0.3)
+        first_bytes = base64.b64decode(platform.response("s")["body"])
+        held = forwarder.streams["s"].held_back
+        assert held is not None and 0 < held.buffered
+        assert len(first_bytes) + held.buffered <= protocol.WEB_MAX_HEAD_BYTES + protocol.WEB_SLOW_START_READ_AHEAD
+
+        forwarder.handle(protocol.WEB_OPEN, dict(request, stream="long", first_credit=FIRST))
+        await platform.until(lambda: any(m == protocol.WEB_RESET and p["stream"] == "long" for m, p in platform.text))
+        reset = next(p for m, p in platform.text if m == protocol.WEB_RESET and p["stream"] == "long")
+        assert reset["reason"] == protocol.WEB_RESET_UPSTREAM_ERROR
+    finally:
+        await forwarder.close()
+        server.close()
+
+
 class FakeLink:
     """The platform's link to the device's tunnel, scripted: what the stream sends, what the device answers."""
 
