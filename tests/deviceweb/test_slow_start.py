@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -55,9 +57,23 @@ class Platform:
             await asyncio.wait_for(self.progress.wait(), 10)
 
 
-async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_the_rest_after_the_grant():
+@contextlib.asynccontextmanager
+async def bridge_before(serve: Any) -> AsyncIterator[tuple[Platform, WebForwarder, dict]]:
+    """A local server on a device-web port answering with ``serve``, and the bridge's forwarder to it: (what it
+    sends the platform, the forwarder, a GET to that port without its stream id)."""
     port = web_port()
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    platform = Platform()
+    forwarder = WebForwarder([port], platform.notify, lambda: 1, binary=platform.binary)
+    try:
+        yield platform, forwarder, {"method": "GET", "path": "/", "query": "", "headers": [], "body": False,
+                                    "port": port, "binary": True}
+    finally:
+        await forwarder.close()
+        server.close()
 
+
+async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_the_rest_after_the_grant():
     async def serve(reader, writer) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY))
@@ -66,11 +82,7 @@ async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_t
             await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", port)
-    platform = Platform()
-    forwarder = WebForwarder([port], platform.notify, lambda: 1, binary=platform.binary)
-    request = {"method": "GET", "path": "/", "query": "", "headers": [], "body": False, "port": port, "binary": True}
-    try:
+    async with bridge_before(serve) as (platform, forwarder, request):
         forwarder.handle(protocol.WEB_OPEN, dict(request, stream="s", first_credit=FIRST))
         await platform.until(lambda: platform.response("s") is not None)
         head = platform.response("s")
@@ -109,16 +121,12 @@ async def test_the_bridge_starts_small_sends_the_first_bytes_with_the_head_and_t
         forwarder.handle(protocol.WEB_OPEN, dict(request, stream="tiny", first_credit=1))
         await platform.until(lambda: platform.response("tiny") is not None)
         assert "body" not in platform.response("tiny")
-    finally:
-        await forwarder.close()
-        server.close()
 
 
 async def test_a_local_server_that_answers_at_once_is_read_no_further_than_the_head_and_the_read_ahead():
     """The whole response is on the socket before the bridge reads its head: reading up to the head stops at
     the longest head plus the slow start's read-ahead (it once read on to the connection's capacity, 2 MiB,
     before the head was parsed), and a head longer than that limit is refused, not waited on forever."""
-    port = web_port()
     responses = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY,
                  b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (2 * protocol.WEB_MAX_HEAD_BYTES) + b"\r\n\r\n"]
 
@@ -128,11 +136,7 @@ async def test_a_local_server_that_answers_at_once_is_read_no_further_than_the_h
         await asyncio.sleep(5)
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", port)
-    platform = Platform()
-    forwarder = WebForwarder([port], platform.notify, lambda: 1, binary=platform.binary)
-    request = {"method": "GET", "path": "/", "query": "", "headers": [], "body": False, "port": port, "binary": True}
-    try:
+    async with bridge_before(serve) as (platform, forwarder, request):
         forwarder.handle(protocol.WEB_OPEN, dict(request, stream="s", first_credit=FIRST))
         await platform.until(lambda: platform.response("s") is not None)
         await asyncio.sleep(0.3)
@@ -145,9 +149,6 @@ async def test_a_local_server_that_answers_at_once_is_read_no_further_than_the_h
         await platform.until(lambda: any(m == protocol.WEB_RESET and p["stream"] == "long" for m, p in platform.text))
         reset = next(p for m, p in platform.text if m == protocol.WEB_RESET and p["stream"] == "long")
         assert reset["reason"] == protocol.WEB_RESET_UPSTREAM_ERROR
-    finally:
-        await forwarder.close()
-        server.close()
 
 
 class FakeLink:
