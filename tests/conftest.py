@@ -104,12 +104,15 @@ def _test_database_holders_named(request):
 def _record_connection_takers(patches: pytest.MonkeyPatch) -> dict[int, str]:
     """Who took each connection of this worker last, by backend pid: the test and its phase running then
     (pytest's ``PYTEST_CURRENT_TEST``) and the thread, when it was opened and each time it is taken from the
-    pool. The warning below then names the test that left a connection open."""
+    pool, and then given back. The warning below then names the test that left a connection open, and says
+    whether it was still out of the pool (once in CI: taken by a tunnel database thread in a fuzz test's call,
+    not yet known whether given back)."""
     import psycopg
     import psycopg_pool
 
     takers: dict[int, str] = {}
     connect, getconn = psycopg.Connection.connect.__func__, psycopg_pool.ConnectionPool.getconn
+    putconn = psycopg_pool.ConnectionPool.putconn
 
     def now_here(what: str) -> str:
         test = os.environ.get("PYTEST_CURRENT_TEST", "no test")
@@ -125,8 +128,15 @@ def _record_connection_takers(patches: pytest.MonkeyPatch) -> dict[int, str]:
         takers[conn.info.backend_pid] = now_here("taken from the pool")
         return conn
 
+    def putconn_recorded(self, conn, *args, **kwargs):
+        pid = conn.info.backend_pid if not conn.closed else None
+        putconn(self, conn, *args, **kwargs)
+        if pid is not None:
+            takers[pid] = f"{takers.get(pid, 'not recorded')}, then {now_here('given back')}"
+
     patches.setattr(psycopg.Connection, "connect", classmethod(connect_recorded))
     patches.setattr(psycopg_pool.ConnectionPool, "getconn", getconn_recorded)
+    patches.setattr(psycopg_pool.ConnectionPool, "putconn", putconn_recorded)
     return takers
 
 
