@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from ai1net.accounts.authentication import SessionAuthentication
 from ai1net.exceptions import Forbidden, ValidationFailed
 from ai1net.schema import errors
+from ai1net.serializers import FlatSerializer
 from im import selectors, services
 from im.access import http_otp_satisfied
 from im.events import message_data, panel_data
@@ -104,7 +105,7 @@ class RoomDetailView(ImView):
         return Response(room_data(selectors.access_room(user=request.user, room_id=room_id)))
 
 
-class MessagePostSerializer(serializers.Serializer):
+class MessagePostSerializer(FlatSerializer):
     text = serializers.CharField(max_length=services.MAX_TEXT_CHARS, allow_blank=False, trim_whitespace=True)
 
 
@@ -145,7 +146,7 @@ class PanelsView(ImView):
         return Response({"panels": [panel_data(p) for p in selectors.panels_for_room(room=room)]})
 
 
-class PanelActionSerializer(serializers.Serializer):
+class PanelActionSerializer(FlatSerializer):
     action = serializers.CharField(max_length=32)
     data = serializers.DictField(required=False, default=dict)
 

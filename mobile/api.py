@@ -14,6 +14,7 @@ from ai1net.accounts.authentication import SessionAuthentication
 from ai1net.accounts.selectors import mobile_reply_active
 from ai1net.exceptions import Forbidden, NotFound
 from ai1net.schema import errors
+from ai1net.serializers import FlatSerializer
 from im.access import http_otp_satisfied
 from mobile import pacing, selectors, services
 from mobile.models import AgentSession, PhoneMessage, Question
@@ -129,7 +130,7 @@ class PendingView(MobileView):
         return Response(body)
 
 
-class AnswerSerializer(serializers.Serializer):
+class AnswerSerializer(FlatSerializer):
     question_id = serializers.CharField(max_length=64)
     nonce = serializers.CharField(max_length=128)
     answers = serializers.DictField()
@@ -166,7 +167,7 @@ class StateView(MobileView):
         return Response(selectors.mobile_state(user=request.user))
 
 
-class MessageSerializer(serializers.Serializer):
+class MessageSerializer(FlatSerializer):
     text = serializers.CharField()  # its limit (clients.limits) is enforced by the service: 413 naming it
 
     class Meta:
@@ -193,7 +194,7 @@ class SessionMessageView(MobileView):
                          **pacing.waiting_info(message=message)}, status=201)
 
 
-class KeepGoingSerializer(serializers.Serializer):
+class KeepGoingSerializer(FlatSerializer):
     enabled = serializers.BooleanField()
 
     class Meta:
