@@ -251,8 +251,13 @@ def group_send_now(group: str, message: dict[str, Any]) -> None:
             pass
     if group.startswith(DIRECT_TARGET):  # no daphne loop here to keep a direct connection on: the layer
         group = CHANNEL_TARGET + _direct(group)[1]
+    # asgiref's async_to_sync schedules the send on the loop that started this thread whenever one is known,
+    # running or not, and waits for it: a loop that has stopped (a call outlived its caller's loop, at a
+    # test's end or daphne's shutdown) never runs it, and the thread waited forever. Such a send gets a loop
+    # of its own.
+    known = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
     try:
-        async_to_sync(_send)(group, message)
+        async_to_sync(_send, force_new_loop=known is not None and not known.is_running())(group, message)
     except Exception:
         logger.exception("could not send %s to %s", message.get("type"), group)
 

@@ -116,3 +116,41 @@ async def test_connections_are_tidied_after_each_call_and_before_one_only_when_t
     assert len(tidied) == 3  # before (the last one failed) and after
     assert await threads.call(lambda: "third") == "third"
     assert len(tidied) == 4  # after only: nothing ran on the thread since
+
+
+def test_a_call_whose_loop_stopped_meanwhile_still_sends_and_ends(monkeypatch):
+    """A call still running when its caller's loop stops (the end of a test, daphne's shutdown) sent its
+    events with ``async_to_sync``, which scheduled them on that loop, stopped but not closed, and waited
+    for it forever: the thread never took another call and kept its pooled connection (PostgreSQL CI: the
+    test database's teardown found it, 'idle' after its COMMIT, taken by a tunnel database thread in a
+    test that ended while its device disconnected; every later test's teardown waited 10 s for the
+    threads). The send now runs on a loop of its own."""
+    sent: list[tuple[str, dict]] = []
+
+    async def send(group: str, message: dict) -> None:
+        sent.append((group, message))
+
+    monkeypatch.setattr(realtime, "_send", send)
+    threads = DatabaseThreads(1, "test-stopped")
+    in_call, loop_stopped = threading.Event(), threading.Event()
+
+    def disconnect_write() -> str:
+        in_call.set()
+        loop_stopped.wait(5)
+        realtime.group_send_now("rt.stopped", {"type": "t.n"})  # as an on_commit send after the write
+        return "written"
+
+    async def leave_a_call_running() -> None:
+        asyncio.ensure_future(threads.call(disconnect_write))
+        await asyncio.to_thread(in_call.wait, 5)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(leave_a_call_running())
+        loop_stopped.set()  # the loop is stopped, not closed
+        assert DatabaseThreads.wait_all_idle(timeout=5), "the call waits for a loop that will not run again"
+        assert sent == [("rt.stopped", {"type": "t.n"})]
+    finally:
+        loop_stopped.set()
+        loop.run_until_complete(asyncio.sleep(0.2))  # (before the fix: lets the stuck send run, and the thread go)
+        loop.close()
