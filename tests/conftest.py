@@ -109,8 +109,8 @@ def _record_connection_takers(patches: pytest.MonkeyPatch) -> dict[int, str]:
     """Who took each connection of this worker last, by backend pid: the test and its phase running then
     (pytest's ``PYTEST_CURRENT_TEST``) and the thread, when it was opened and each time it is taken from the
     pool, and then given back. The warning below then names the test that left a connection open, and says
-    whether it was still out of the pool (once in CI: taken by a tunnel database thread in a fuzz test's call,
-    not yet known whether given back)."""
+    whether it was still out of the pool (once in CI it named a tunnel database thread in a fuzz test: its
+    call waited forever for a stopped loop, ``test_a_call_whose_loop_stopped_meanwhile_still_sends_and_ends``)."""
     import psycopg
     import psycopg_pool
 
