@@ -34,6 +34,23 @@ BENCHES: dict[str, list[tuple[list[str], dict[str, str]]]] = {
 }
 
 
+# Run as module-level code (names in a dict, as `python -c` runs it, which is how bench/NOTES.md has timed it
+# by hand): inside a function the same loop takes about a third of the time.
+_ADDITIONS = compile("total = 0\nfor i in range(3_000_000):\n    total += i\n", "<additions>", "exec")
+
+
+def additions_ms(rounds: int = 3) -> float:
+    """The machine's speed on the day, printed beside the table: a loop of 3 million additions, the best of
+    ``rounds``, in ms. bench/NOTES.md quotes 204-280 ms on usual days and 445-624 on the slowest; the rows
+    measured in milliseconds (the hook's legs, server time) move with it, the ratios less."""
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        exec(_ADDITIONS, {})  # noqa: S102 - a constant loop, compiled above
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
 def run_bench(argv: list[str], env: dict[str, str]) -> int:
     """One benchmark's exit code. Ended by SIGTERM (``stop_cleanly_on_sigterm``), the runner passes it on and
     waits while the benchmark stops what it started (subprocess.run would kill it outright: nothing stopped);
@@ -61,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_cleanly_on_sigterm()
 
     names = list(BENCHES) if args.which == "all" else [args.which]
+    speed_before = additions_ms()
     with tempfile.TemporaryDirectory(prefix="ai1net-bench-") as tmp:
         rows_file = Path(args.json or Path(tmp) / "rows.json")
         rows_file.write_text("[]")
@@ -78,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(name)
                 print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
         rows = load(rows_file)
-        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)\n")
+        took = time.monotonic() - started
+        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {took:.0f} s; a loop of 3 million additions "
+              f"in Python took {speed_before:.0f} ms before and {additions_ms():.0f} ms after)\n")
         print(table(rows))
         if failed:
             print(f"\nfailed: {', '.join(failed)} (see their output above)")
