@@ -41,7 +41,7 @@ _ADDITIONS = compile("total = 0\nfor i in range(3_000_000):\n    total += i\n", 
 
 def additions_ms(rounds: int = 3) -> float:
     """The machine's speed on the day, printed beside the table: a loop of 3 million additions, the best of
-    ``rounds``, in ms. bench/NOTES.md quotes 204-280 ms on usual days and up to 720 on the slowest; the rows
+    ``rounds``, in ms. README quotes 217-250 ms on usual days and 500-720 on the slowest; the rows
     measured in milliseconds (the hook's legs, server time) move with it, the ratios less."""
     best = float("inf")
     for _ in range(rounds):
