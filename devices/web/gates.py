@@ -24,13 +24,15 @@ checks above, so every refusal is the same as before, word for word.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from importlib import import_module
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -156,15 +158,16 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
     if (not key or number is None or not settings.DEVICE_WEB_ENABLED or hosts.separate()
             or settings.SESSION_ENGINE not in DB_SESSIONS or MODEL_BACKEND not in settings.AUTHENTICATION_BACKENDS):
         return None
+    conn = connections[DEFAULT_DB_ALIAS]  # the connection itself: each read through the proxy asks asgiref's Local
     pk_field = Device._meta.pk
     try:
-        pk = pk_field.get_db_prep_value(pk_field.to_python(device_id), connection)
+        device_pk = pk_field.to_python(device_id)
+        pk = pk_field.get_db_prep_value(device_pk, conn)
     except (ValidationError, ValueError, TypeError):
         return None
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    with connection.cursor() as cursor:
-        cursor.execute(_fast_sql(connection.vendor, settings.SESSION_ENGINE),
-                       [*NEEDS_OTP_PARAMS_FOR_COLUMN, key, now, pk])
+    now = conn.ops.adapt_datetimefield_value(timezone.now())
+    with conn.cursor() as cursor:
+        cursor.execute(_fast_sql(conn.vendor, settings.SESSION_ENGINE), [*NEEDS_OTP_PARAMS_FOR_COLUMN, key, now, pk])
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None
@@ -174,27 +177,42 @@ def device_web_fast(session: Any, device_id: Any, port: Any) -> tuple[User, Devi
     session_data, needs_otp = row[-2], row[-1]
     # What the gates, the stream and the session hash read (of the user: nothing that needs a database
     # converter); the rest of either row is deferred, loaded if anything asks.
-    names = [f.attname for f in User._meta.concrete_fields if f.attname in user_values]  # from_db's order
-    user = User.from_db(connection.alias, names, [user_values[name] for name in names])
+    names = _loaded_names(User, _USER_FIELDS)
+    user = User.from_db(conn.alias, names, [user_values[name] for name in names])
     user.is_active, user.device_web_enabled = bool(user.is_active), bool(user.device_web_enabled)
-    data = session.decode(session_data)  # {} when tampered with or unreadable
+    # Empty when tampered with or unreadable. A lazy session's __class__ is its store's.
+    data = _session_data(session.__class__, session_data, settings.SECRET_KEY, tuple(settings.SECRET_KEY_FALLBACKS))
     session_hash = data.get(HASH_SESSION_KEY)
     if (str(data.get(SESSION_KEY)) != str(user.pk) or data.get(BACKEND_SESSION_KEY) != MODEL_BACKEND
             or not session_hash or not constant_time_compare(session_hash, user.get_session_auth_hash())):
         return None
     if not user.is_active or not device_web_active(user) or needs_otp:
         return None
-    values["id"] = pk_field.to_python(values["id"])
+    values["id"] = device_pk  # the row's own: the query matched it
     for name in ("capabilities", "ports"):
-        values[name] = Device._meta.get_field(name).from_db_value(values[name], None, connection)
-    names = [f.attname for f in Device._meta.concrete_fields if f.attname in values]
-    device = Device.from_db(connection.alias, names, [values[name] for name in names])
+        values[name] = Device._meta.get_field(name).from_db_value(values[name], None, conn)
+    names = _loaded_names(Device, _DEVICE_FIELDS)
+    device = Device.from_db(conn.alias, names, [values[name] for name in names])
     if (device.status != Device.Status.ACTIVE or device.kind != Device.Kind.BRIDGE
             or not is_tunnel_channel(device.channel_name) or number not in (device.ports or [])):
         return None
     user.backend = MODEL_BACKEND
     device.owner = user
     return user, device
+
+
+@functools.cache
+def _loaded_names(model: type, names: tuple[str, ...]) -> list[str]:
+    """``names`` (attnames) in the order of ``model``'s concrete fields, as ``Model.from_db`` takes them."""
+    return [field.attname for field in model._meta.concrete_fields if field.attname in names]
+
+
+@functools.lru_cache(maxsize=1024)
+def _session_data(store: type, session_data: str, secret: str, fallbacks: tuple[str, ...]) -> Mapping[str, Any]:
+    """``store().decode(session_data)``, read-only, kept per data and signing keys: a browser's requests through
+    device web carry the same session, and its decode (the signature's HMAC, zlib, JSON) was a third of this
+    gate's CPU. A decode depends on nothing else, so what is kept is what a decode gives now."""
+    return MappingProxyType(store().decode(session_data))
 
 
 def _port(value: Any) -> int | None:

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator, WebsocketCommunicator
+from django.contrib.auth import SESSION_KEY as SESSION_KEY_NAME
 from django.test import Client
 from django.utils import timezone
 
@@ -222,3 +223,31 @@ def test_the_one_query_fast_path_passes_only_what_the_full_checks_pass(user, oth
     assert fast_for(fresh) is not None
     store(fresh).delete()
     assert fast_for(fresh) is None  # logged out
+
+
+def test_the_fast_path_decodes_a_session_once_and_only_under_the_keys_that_signed_it(user, settings):
+    """The gate keeps a session's decoded data per data and signing keys (``_session_data``): the same session's
+    next request reuses it, and under another secret the same data decodes anew, to nothing, as Django's would."""
+    from importlib import import_module
+
+    from django.conf import settings as django_settings
+
+    from devices.web.gates import _session_data, device_web_fast
+
+    store = import_module(django_settings.SESSION_ENGINE).SessionStore
+    enable_device_web(user)
+    device = online_bridge(user)
+    key = session_cookie(user).decode().split("=", 1)[1]
+    _session_data.cache_clear()
+    for _ in range(3):
+        assert device_web_fast(store(key), str(device.pk), str(PORT)) is not None
+    assert (_session_data.cache_info().misses, _session_data.cache_info().hits) == (1, 2)
+    data = store.get_model_class().objects.get(session_key=key).session_data
+    kept = _session_data(store, data, settings.SECRET_KEY, tuple(settings.SECRET_KEY_FALLBACKS))
+    assert kept[SESSION_KEY_NAME] == str(user.pk)
+    with pytest.raises(TypeError):
+        kept[SESSION_KEY_NAME] = "someone else"  # read-only: nobody changes what the next request reads
+
+    settings.SECRET_KEY = "a secret that did not sign this session " + "x" * 20
+    assert device_web_fast(store(key), str(device.pk), str(PORT)) is None
+    assert _session_data(store, data, settings.SECRET_KEY, ()) == {}
