@@ -209,9 +209,10 @@ def _loaded_names(model: type, names: tuple[str, ...]) -> list[str]:
 
 @functools.lru_cache(maxsize=1024)
 def _session_data(store: type, session_data: str, secret: str, fallbacks: tuple[str, ...]) -> Mapping[str, Any]:
-    """``store().decode(session_data)``, read-only, kept per data and signing keys: a browser's requests through
-    device web carry the same session, and its decode (the signature's HMAC, zlib, JSON) was a third of this
-    gate's CPU. A decode depends on nothing else, so what is kept is what a decode gives now."""
+    """``store().decode(session_data)``, read-only, kept per data and signing keys (``secret`` and ``fallbacks``,
+    the settings the decode checks the signature with, only key the cache): a browser's requests through device
+    web carry the same session, and its decode (the signature's HMAC, zlib, JSON) was a third of this gate's time
+    in a loop. A decode depends on nothing else, so what is kept is what a decode would give now."""
     return MappingProxyType(store().decode(session_data))
 
 
