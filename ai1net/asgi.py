@@ -35,7 +35,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from ai1net import autobahn_log, connection_cycles, http_guard  # noqa: E402
+from ai1net import autobahn_log, connection_cycles, cpu_affinity, http_guard  # noqa: E402
 from ai1net.hosts import websocket_host_guard  # noqa: E402
 from ai1net.sqlite_backend import checkpoints  # noqa: E402
 from clients import protocol  # noqa: E402
@@ -125,6 +125,8 @@ def served_by_daphne() -> bool:
 # imported later in a long-lived process (a test run), freezing would keep that process's garbage of the
 # moment (closed loops, database connections) forever.
 if served_by_daphne():
+    if settings.DAPHNE_CPUS:  # first: the threads started below inherit it
+        cpu_affinity.pin_process(settings.DAPHNE_CPUS)
     # The embedded database's write-ahead log is copied back by a thread of its own, not by the commit of
     # whichever request grows it past SQLite's threshold (ai1net.sqlite_backend.checkpoints).
     if settings.DATABASES["default"]["ENGINE"] == "ai1net.sqlite_backend":

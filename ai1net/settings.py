@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from ai1net.cpu_affinity import cpus_from_env
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -90,6 +92,10 @@ NOTIFY_ALLOW_PRIVATE_TARGETS = DEBUG
 NOTIFY_COALESCE_SEC = float(os.environ.get("AI1NET_NOTIFY_COALESCE_SEC", "5"))  # one push per user per window
 NOTIFY_TIMEOUT_SEC = float(os.environ.get("AI1NET_NOTIFY_TIMEOUT_SEC", "5"))  # per request to a push service
 NOTIFY_TTL_SEC = int(os.environ.get("AI1NET_NOTIFY_TTL_SEC", "900"))  # how long a push service keeps it
+
+# The CPUs a daphne process keeps its threads on (ai1net.cpu_affinity): one core per process, e.g.
+# AI1NET_CPU=0 for one daphne and AI1NET_CPU=1 for another; unset, the kernel places them.
+DAPHNE_CPUS = cpus_from_env()
 
 # Device tunnel and pairing (devices app). Tests and the end-to-end runs lower these.
 DEVICE_HEARTBEAT_SEC = float(os.environ.get("AI1NET_HEARTBEAT_SEC", "20"))

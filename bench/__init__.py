@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -18,3 +19,12 @@ def stop_cleanly_on_sigterm() -> None:
 def _exit_on_signal(signum: int, frame: Any) -> None:
     signal.signal(signum, signal.SIG_IGN)
     sys.exit(128 + signum)
+
+
+def daphne_env(env: dict[str, str], index: int) -> dict[str, str]:
+    """``env`` for the ``index``-th daphne process of a benchmark, on a core of its own as deployed (``AI1NET_CPU``,
+    ai1net.cpu_affinity): 0, 1 ... over the CPUs this process may use. ``BENCH_PIN=0`` leaves them unpinned."""
+    if os.environ.get("BENCH_PIN") == "0":
+        return env
+    cpus = sorted(os.sched_getaffinity(0))
+    return {**env, "AI1NET_CPU": str(cpus[index % len(cpus)])}

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench import stop_cleanly_on_sigterm  # noqa: E402
+from bench import daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, p50_p99, pct  # noqa: E402
 from clients.common.credentials import Credential, save_credential  # noqa: E402
 
@@ -143,7 +143,7 @@ class World:
     def daphne(self, name: str) -> str:
         port = free_port()
         self.start([str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
-                    "ai1net.asgi:application"], f"{name}.log")
+                    "ai1net.asgi:application"], f"{name}.log", daphne_env(self.env, len(self.servers)))
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, 60, name)
         self.servers.append(url)

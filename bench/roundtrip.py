@@ -65,7 +65,7 @@ VENV_BIN = Path(sys.executable).parent
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 
-from bench import stop_cleanly_on_sigterm  # noqa: E402
+from bench import daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
 from clients.bridge.hooks_install import hook_command, precompile_hook  # noqa: E402
@@ -225,7 +225,7 @@ class World:
         servers = []
         for n, port in enumerate(self.ports):
             daphne = Proc([str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
-                           "bench.roundtrip_asgi:application"], self.workdir / f"daphne{n}.log", self.env)
+                           "bench.roundtrip_asgi:application"], self.workdir / f"daphne{n}.log", daphne_env(self.env, n))
             self.procs.append(daphne)
             servers.append((daphne, port))
 

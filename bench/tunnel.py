@@ -63,7 +63,7 @@ VENV_BIN = Path(sys.executable).parent
 
 import websockets  # noqa: E402
 
-from bench import stop_cleanly_on_sigterm  # noqa: E402
+from bench import daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from bench.report import p50_p99 as ms  # noqa: E402
 from clients import protocol  # noqa: E402
@@ -86,7 +86,7 @@ def rss_kib(pid: int) -> int:
 
 
 class Server:
-    def __init__(self, env: dict[str, str], workdir: Path, name: str) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, name: str, index: int = 0) -> None:
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
         self.log = open(workdir / f"{name}-{self.port}.log", "wb")  # noqa: SIM115
@@ -95,7 +95,7 @@ class Server:
             # and a burst of handshakes beyond it is dropped (SYN retries after 1, 3, 7 s... or failures).
             [str(VENV_BIN / "daphne"), "-e", f"tcp:port={self.port}:interface=127.0.0.1:backlog={BACKLOG}",
              "--access-log", os.devnull, "bench.bench_asgi:application"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_raise_nofile,
+            cwd=ROOT, env=daphne_env(env, index), stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_raise_nofile,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -753,7 +753,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> None:
         devices = prepare_database(env, max([args.connects, *args.tunnels]) + 2)
         tokens = [token for _, token in devices]
         print(f"{config}: database {env['DATABASE_URL'].split('@')[-1]}, logs in {workdir}")
-        servers = [Server(env, workdir, f"rows-{n}") for n in range(2 if scaled else 1)]
+        servers = [Server(env, workdir, f"rows-{n}", n) for n in range(2 if scaled else 1)]
         try:
             rows = await run_rows(config, servers, devices, args, Profiler(args.py_spy))
         finally:
