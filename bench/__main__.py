@@ -8,6 +8,8 @@ Each benchmark is its own script (bench/<name>.py) that starts its own processes
 embedded default (SQLite, in-memory layer, one daphne) and the scaled-out one (PostgreSQL + Redis,
 two daphne processes). They run one after another, so no two compete for the two cores; their own
 output goes to the terminal as they run, and the table comes last (Markdown, as README quotes it).
+Each daphne runs on a core of its own, as deployed (``AI1NET_CPU``, ai1net.cpu_affinity; ``BENCH_PIN=0``
+leaves them unpinned, ``bench.daphne_env``); the heading says which.
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
         rows = load(rows_file)
         took = time.monotonic() - started
-        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {took:.0f} s; a loop of 3 million additions "
-              f"in Python took {speed_before:.0f} ms before and {additions_ms():.0f} ms after)\n")
+        pinned = "unpinned" if os.environ.get("BENCH_PIN") == "0" else "each daphne on a core of its own (AI1NET_CPU)"
+        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {took:.0f} s, {pinned}; a loop of 3 million "
+              f"additions in Python took {speed_before:.0f} ms before and {additions_ms():.0f} ms after)\n")
         print(table(rows))
         if failed:
             print(f"\nfailed: {', '.join(failed)} (see their output above)")
