@@ -5,9 +5,9 @@ database threads, the request threads) hand the GIL to each other on every datab
 kernel spreads them over two cores, each hand-over wakes a thread on the other core and moves the
 interpreter's working set between the cores' caches. Measured on the 2-core bench machine
 (``python -m bench.tunnel --quick --rows connects``, a reconnect storm): a tunnel connect, whose token read
-and hello each go to a database thread, cost daphne 2.6-3.3 ms of CPU spread over both cores and 2.1-2.3 ms
-kept on one, while the bare echo consumer (no thread) cost the same either way. Its process makes 14-18
-context switches per connect where the echo makes 4-5.
+and hello each go to a database thread, cost daphne 2.56-3.31 ms of CPU spread over both cores and 2.08-2.34
+kept on one, while the bare echo consumer (no thread) cost the same either way. Unpinned, its process made
+14-18 context switches per connect where the echo made 4-5 (bench/NOTES.md).
 
 So, as servers of one interpreter per core are run, a deployment starts one daphne per core and gives each
 its own: ``AI1NET_CPU=0 daphne ...``, ``AI1NET_CPU=1 daphne ...``. Unset (the default), the kernel places
