@@ -17,8 +17,11 @@ the threads as it likes. The setting takes what ``taskset -c`` takes: ``1``, ``0
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from django.core.exceptions import ImproperlyConfigured
+
+MAX_CPU = 8191  # Linux numbers at most 8,192 CPUs (NR_CPUS); a larger number is a typo, not a machine
 
 
 def parse_cpus(spec: str) -> frozenset[int]:
@@ -31,15 +34,19 @@ def parse_cpus(spec: str) -> frozenset[int]:
         low, high = int(first), int(last) if dash else int(first)
         if high < low:
             raise ValueError(f"a range runs upwards: {part.strip()!r}")
+        if high > MAX_CPU:
+            raise ValueError(f"no CPU is numbered above {MAX_CPU}: {part.strip()!r}")
         cpus.update(range(low, high + 1))
     return frozenset(cpus)
 
 
-def cpus_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> frozenset[int] | None:
+def cpus_from_env(environ: Mapping[str, str] = os.environ) -> frozenset[int] | None:
     """The CPUs ``AI1NET_CPU`` gives this process, checked against those it may use; None when unset."""
     spec = environ.get("AI1NET_CPU", "").strip()
     if not spec:
         return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ImproperlyConfigured(f"AI1NET_CPU={spec!r}: keeping a process on CPUs needs Linux; unset it here.")
     try:
         cpus = parse_cpus(spec)
     except ValueError as exc:
