@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from importlib import import_module
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator, WebsocketCommunicator
+from django.conf import settings as django_settings
 from django.contrib.auth import SESSION_KEY as SESSION_KEY_NAME
 from django.test import Client
 from django.utils import timezone
@@ -17,7 +19,7 @@ from ai1net.asgi import application
 from ai1net.exceptions import ApplicationError
 from devices import services
 from devices.models import LONGPOLL_PREFIX, Device
-from devices.web.gates import check_device_web
+from devices.web.gates import _session_data, check_device_web, device_web_fast
 from tests.accounts.helpers import totp_device
 from tests.deviceweb.support import enable_device_web
 
@@ -36,6 +38,14 @@ def session_cookie(user) -> bytes:
     client = Client()
     client.force_login(user)
     return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def fast_gate_world(user) -> tuple[type, Device, str]:
+    """For ``device_web_fast``: the session store's class, an online bridge of ``user`` with device web on, and
+    ``user``'s session key."""
+    enable_device_web(user)
+    store = import_module(django_settings.SESSION_ENGINE).SessionStore
+    return store, online_bridge(user), session_cookie(user).decode().split("=", 1)[1]
 
 
 def get(path: str, *, cookie: bytes | None = None, html: bool = False, headers=()) -> tuple[int, dict, bytes]:
@@ -174,17 +184,9 @@ def test_the_one_query_fast_path_passes_only_what_the_full_checks_pass(user, oth
     """device_web_fast answers "all gates pass" in one query, and None (the full checks run) for
     anything else: no session, someone else's device, the switch off, two-factor, a password change
     (the session hash), a logout, a probe, offline, an undeclared port."""
-    from importlib import import_module
-
-    from django.conf import settings as django_settings
-
     from ai1net.accounts.models import BackupCode, BackupCodeDevice
-    from devices.web.gates import device_web_fast
 
-    store = import_module(django_settings.SESSION_ENGINE).SessionStore
-    enable_device_web(user)
-    device = online_bridge(user)
-    key = session_cookie(user).decode().split("=", 1)[1]
+    store, device, key = fast_gate_world(user)
     with django_assert_num_queries(1):
         fast = device_web_fast(store(key), str(device.pk), str(PORT))
     assert fast is not None and fast[0].pk == user.pk and fast[1].pk == device.pk
@@ -228,16 +230,7 @@ def test_the_one_query_fast_path_passes_only_what_the_full_checks_pass(user, oth
 def test_the_fast_path_decodes_a_session_once_and_only_under_the_keys_that_signed_it(user, settings):
     """The gate keeps a session's decoded data per data and signing keys (``_session_data``): the same session's
     next request reuses it, and under another secret the same data decodes anew, to nothing, as Django's would."""
-    from importlib import import_module
-
-    from django.conf import settings as django_settings
-
-    from devices.web.gates import _session_data, device_web_fast
-
-    store = import_module(django_settings.SESSION_ENGINE).SessionStore
-    enable_device_web(user)
-    device = online_bridge(user)
-    key = session_cookie(user).decode().split("=", 1)[1]
+    store, device, key = fast_gate_world(user)
     _session_data.cache_clear()
     for _ in range(3):
         assert device_web_fast(store(key), str(device.pk), str(PORT)) is not None
