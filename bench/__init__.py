@@ -21,10 +21,15 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     sys.exit(128 + signum)
 
 
+def pinned() -> bool:
+    """Whether the benchmarks give each daphne a core of its own (``daphne_env``): unless ``BENCH_PIN=0``."""
+    return os.environ.get("BENCH_PIN") != "0"
+
+
 def daphne_env(env: dict[str, str], index: int) -> dict[str, str]:
     """``env`` for the ``index``-th daphne process of a benchmark, on a core of its own as deployed (``AI1NET_CPU``,
-    ai1net.cpu_affinity): 0, 1 ... over the CPUs this process may use. ``BENCH_PIN=0`` leaves them unpinned."""
-    if os.environ.get("BENCH_PIN") == "0":
+    ai1net.cpu_affinity): 0, 1 ... over the CPUs this process may use; as it is when not ``pinned()``."""
+    if not pinned():
         return env
     cpus = sorted(os.sched_getaffinity(0))
     return {**env, "AI1NET_CPU": str(cpus[index % len(cpus)])}

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import stop_cleanly_on_sigterm
+from bench import pinned, stop_cleanly_on_sigterm
 from bench.report import load, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"##### {name}: {time.monotonic() - begun:.0f} s", flush=True)
         rows = load(rows_file)
         took = time.monotonic() - started
-        pinned = "unpinned" if os.environ.get("BENCH_PIN") == "0" else "each daphne on a core of its own (AI1NET_CPU)"
-        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {took:.0f} s, {pinned}; a loop of 3 million "
+        cores = "each daphne on a core of its own (AI1NET_CPU)" if pinned() else "unpinned"
+        print(f"\n## Hot paths ({'quick' if args.quick else 'full'} run, {took:.0f} s, {cores}; a loop of 3 million "
               f"additions in Python took {speed_before:.0f} ms before and {additions_ms():.0f} ms after)\n")
         print(table(rows))
         if failed:
