@@ -43,6 +43,8 @@ def _threads_cpus(pid: int) -> list[set[int]]:
 @pytest.mark.django_db(transaction=True)
 def test_a_daphne_given_a_cpu_keeps_every_thread_there_and_one_without_is_left_alone(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: a pinned daphne and a free one look the same")
     cpu = allowed[-1]
     pinned, free = Daphne(tmp_path, name="pinned", AI1NET_CPU=str(cpu)), Daphne(tmp_path, name="free")
     try:
