@@ -63,8 +63,9 @@ def test_http_through_the_tunnel(stack, user, password):
         # A declared port with nothing listening: 502 from the device, with a plain page for browsers.
         response = web.get(f"{bridge.prefix}/{dead_port}/", headers={"Accept": "text/html"})
         assert response.status_code == 502 and "Nothing answers" in response.text
-        # A port the device never declared: 502 at the platform's gate.
-        response = web.get(f"{bridge.prefix}/{web_port()}/echo")
+        # A port the device never declared: 502 at the platform's gate. Not the declared dead port, which is
+        # free too (a random pick once hit it: the device's 502, upstream_unreachable).
+        response = web.get(f"{bridge.prefix}/{web_port(avoid={dead_port})}/echo")
         assert response.status_code == 502 and response.json()["error"] == "port_not_exposed"
 
         # A local server that never answers: 504 after the first-byte timeout (3 s here), and the tunnel
