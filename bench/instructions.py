@@ -1,0 +1,254 @@
+"""Instructions per HTTP request in daphne, counted by valgrind's callgrind: a figure that repeats.
+
+    .venv/bin/python -m bench.instructions                        # bare, floor and answer; 100 each, ~2 min
+    .venv/bin/python -m bench.instructions --requests 200 --paths floor,answer
+
+On the shared 2-core bench machines a path's wall and CPU times move by 10-30% from one run to the next (the
+machine's own speed drifts), so a change that saves 2% of a request cannot be seen in them, however the runs
+are interleaved. callgrind counts the instructions the daphne process executes, in every thread: the same to
+within 0.1% from one run to the next for the same code, inputs and environment, whatever else the machine is
+doing. It is no stand-in for time (a cache miss or a wait for the database costs no instructions), and it
+runs the process some 50 times slower; what it tells is how much work a change took away.
+
+One daphne process (the embedded default: SQLite in a temp folder, the in-memory layer) serves
+``bench.roundtrip_asgi:application`` under ``valgrind --tool=callgrind``. A logged-in client on one
+keep-alive connection (plain sockets, so the client costs nothing to count) sends, per path, some
+requests to warm up, then ``--requests`` more with the counters zeroed before them and dumped after:
+
+- ``bare``: ``GET /bench/gc``, answered by a plain ASGI callable in front of Django: daphne's own HTTP work;
+- ``floor``: ``POST /bench/floor``, the answer POST without the answer (every middleware, the session and
+  user, the DRF view with its checks, the serializer; bench/roundtrip_asgi.py);
+- ``answer``: ``POST /api/mobile/answer`` for a pending question of a paired bridge (one question each; the
+  bridge is not connected, so the answer waits in its outbox): the request of the "server time" row.
+
+Printed: million instructions per request, and each beside ``bare``. The event loop's timers run while the
+requests do (under 1% of the counts here). Needs ``valgrind`` (Debian's package); a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+VENV_BIN = Path(sys.executable).parent
+
+from bench import stop_cleanly_on_sigterm  # noqa: E402
+from bench.roundtrip import PASSWORD, USERNAME, free_port, prepare_database  # noqa: E402
+
+PATHS = ("bare", "floor", "answer")
+WARMUP = 20
+QUESTION = "Which framework?"
+
+# Run in the benchmark's Django (its settings, its database): a bridge paired to the phone's user, one agent
+# session, and `count` pending questions; prints their ids and nonces (as /api/mobile/pending gives them).
+ASK = """
+import json, sys, uuid
+import django
+django.setup()
+from django.contrib.auth import get_user_model
+from devices.models import Device
+from devices.services import device_create
+from mobile import services
+from mobile.models import Question
+user = get_user_model().objects.get(username=sys.argv[1])
+device, _token = device_create(owner=user, name="bench-desk", kind=Device.Kind.BRIDGE, hostname="bench-desk.local")
+services.session_start(device=device, session_id="bench-session", cwd="/tmp/bench", source="startup", host="bench")
+asked = []
+for n in range(int(sys.argv[2])):
+    qid = str(uuid.uuid4())
+    services.question_create(device=device, question_id=qid, session_id="bench-session", tool_use_id=f"toolu_{n}",
+                             questions=[{"question": sys.argv[3], "header": "Framework", "multiSelect": False,
+                                         "options": [{"label": "React"}, {"label": "Vue"}]}], window_sec=3600)
+    asked.append([qid, services.nonce_for(Question.objects.get(pk=qid))])
+print(json.dumps(asked))
+"""
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection, as few instructions on this side as a client can take."""
+
+    def __init__(self, port: int, cookie: str = "", csrf: str = "") -> None:
+        self.port, self.cookie, self.csrf = port, cookie, csrf
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.port}"]
+        if self.cookie:
+            head.append(f"Cookie: {self.cookie}")
+        if body:
+            head += [f"X-CSRFToken: {self.csrf}", "Content-Type: application/json", f"Content-Length: {len(body)}"]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        assert self.reader is not None
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+        length = next((int(value) for name, value in headers.items() if name.lower() == "content-length"), None)
+        if length is not None:
+            return status, await self.reader.readexactly(length)
+        chunks = []  # chunked
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).strip(), 16)
+            chunks.append(await self.reader.readexactly(size + 2))
+            if size == 0:
+                return status, b"".join(chunks)
+
+
+def cookies_of(set_cookies: list[str]) -> dict[str, str]:
+    return dict(value.split(";", 1)[0].split("=", 1) for value in set_cookies)
+
+
+async def log_in(port: int) -> Client:
+    """The phone's session: Django's login form, as a browser posts it (CSRF cookie and field)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def exchange(request: str) -> list[str]:
+        writer.write(request.encode())
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        length = next((int(line.split(": ", 1)[1]) for line in lines if line.lower().startswith("content-length")), 0)
+        await reader.readexactly(length)
+        return lines
+
+    host = f"Host: 127.0.0.1:{port}"
+    lines = await exchange(f"GET /accounts/login/ HTTP/1.1\r\n{host}\r\n\r\n")
+    jar = cookies_of([line.split(": ", 1)[1] for line in lines if line.lower().startswith("set-cookie")])
+    form = f"username={USERNAME}&password={PASSWORD.replace(' ', '+')}&csrfmiddlewaretoken={jar['csrftoken']}"
+    lines = await exchange(f"POST /accounts/login/ HTTP/1.1\r\n{host}\r\nCookie: csrftoken={jar['csrftoken']}\r\n"
+                           f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(form)}\r\n\r\n"
+                           f"{form}")
+    writer.close()
+    if " 302 " not in lines[0]:
+        raise SystemExit(f"login failed: {lines[0]}")
+    jar.update(cookies_of([line.split(": ", 1)[1] for line in lines if line.lower().startswith("set-cookie")]))
+    return Client(port, "; ".join(f"{k}={v}" for k, v in jar.items()), jar["csrftoken"])
+
+
+class Counted:
+    """daphne under callgrind, its counters driven by ``callgrind_control``."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], port: int) -> None:
+        self.workdir = workdir
+        self.log = open(workdir / "daphne.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={workdir}/callgrind.%p",
+             sys.executable, str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--access-log", os.devnull,
+             "bench.roundtrip_asgi:application"], cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def control(self, *args: str) -> None:
+        # Taken when the process next runs code: daphne's timers wake it several times a second.
+        subprocess.run(["callgrind_control", *args, str(self.popen.pid)], check=True, capture_output=True,
+                       timeout=120)
+
+    def dump(self, name: str) -> int:
+        """The instructions counted since the last zeroing."""
+        self.control("--dump=" + name)
+        newest = max(self.workdir.glob(f"callgrind.{self.popen.pid}.*"), key=lambda path: path.stat().st_mtime)
+        match = re.search(r"^(?:summary|totals): (\d+)", newest.read_text(errors="replace"), re.MULTILINE)
+        if match is None:
+            raise SystemExit(f"no totals in {newest}")
+        return int(match.group(1))
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(60)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.log.close()
+
+
+async def count(counted: Counted, client: Client, name: str, requests: int, questions: list[list[str]]) -> int:
+    async def one(n: int) -> None:
+        if name == "bare":
+            status, body = await client.request("GET", "/bench/gc")
+        else:
+            qid, nonce = questions[n]
+            answer = json.dumps({"question_id": qid, "nonce": nonce, "answers": {QUESTION: ["Vue"]}}).encode()
+            status, body = await client.request("POST", "/api/mobile/answer" if name == "answer" else "/bench/floor",
+                                                answer)
+        if status != 200:
+            raise SystemExit(f"{name}: {status} {body[:300]!r}")
+
+    for n in range(WARMUP):
+        await one(n)
+    await asyncio.to_thread(counted.control, "--zero")
+    for n in range(WARMUP, WARMUP + requests):
+        await one(n)
+    return await asyncio.to_thread(counted.dump, name)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100, help="counted requests per path (default 100)")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder (callgrind's files, the log)")
+    args = parser.parse_args()
+    paths = [path for path in args.paths.split(",") if path]
+    if args.requests < 1 or not paths or set(paths) - set(PATHS):
+        parser.error(f"--requests must be at least 1 and --paths a list of {', '.join(PATHS)}")
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("needs valgrind (Debian's package valgrind)")
+    stop_cleanly_on_sigterm()
+    workdir = Path(tempfile.mkdtemp(prefix="ai1net-instructions-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_"))}
+    env.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
+                "AI1NET_MOBILE_REPLY": "1", "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}"})
+    prepare_database(env)
+    asked = subprocess.run([sys.executable, "-c", ASK, USERNAME, str(2 * (WARMUP + args.requests)), QUESTION],
+                           cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    questions = json.loads(asked.stdout.strip().splitlines()[-1])
+    port = free_port()
+    counted = Counted(workdir, env, port)
+    ok = False
+    try:
+        began = time.monotonic()
+        while True:  # daphne under callgrind takes a minute or so to listen
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                if counted.popen.poll() is not None or time.monotonic() - began > 600:
+                    raise SystemExit(f"daphne did not start:\n{(workdir / 'daphne.log').read_text()[-3000:]}") from None
+                await asyncio.sleep(1)
+        client = await log_in(port)
+        await asyncio.to_thread(counted.control, "--instr=on")
+        figures: dict[str, float] = {}
+        for name in paths:
+            # The floor takes the answer's first questions' bodies (it answers none of them); the answers, the rest.
+            offset = WARMUP + args.requests if name == "answer" else 0
+            total = await count(counted, client, name, args.requests, questions[offset:])
+            figures[name] = total / args.requests / 1e6
+            print(f"  {name}: {figures[name]:.3f} million instructions per request ({args.requests} counted)",
+                  flush=True)
+        ok = True
+    finally:
+        counted.stop()
+        if ok and not args.keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"  logs and callgrind's files: {workdir}")
+    print("\n| path | million instructions per request | x bare |\n|---|---|---|")
+    for name, figure in figures.items():
+        ratio = f"{figure / figures['bare']:.2f}" if "bare" in figures else "-"
+        print(f"| {name} | {figure:.3f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
