@@ -9,7 +9,14 @@ app runs and can refuse it. ``install`` wraps every new HTTP connection of daphn
   a body of declared length within ``head_timeout + length / min_body_rate``; else the client gets 408 and
   the connection is closed (a chunked body keeps Twisted's idle timeout: its length is unknown);
 - a body declared larger than the largest any route takes (``max_body``) gets 413 at once, unread;
-- Twisted's own parse of form bodies (which daphne never uses) is off.
+- Twisted's own parse of form bodies (which daphne never uses) is off, and so is Twisted's own access line
+  (daphne writes its own access log; Twisted formatted a second line per request for a log daphne sends
+  nowhere, or at ``-v 2`` into Python's logging beside daphne's: a tenth of a bare request's instructions,
+  ``python -m bench.instructions``).
+
+The deadlines are timers of the asyncio loop that daphne runs Twisted on: Twisted's ``callLater`` on that
+reactor cancels and re-arms the loop's one timer for its own queue at every call and cancel (two of each per
+request, 4% of a bare request's instructions).
 
 WebSocket upgrades are requests without a body: their deadline ends with their headers, and autobahn's
 handshake timeout takes over. Nothing changes for a client that sends its request at a normal pace.
@@ -17,6 +24,7 @@ handshake timeout takes over. Nothing changes for a client that sends its reques
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -39,8 +47,9 @@ def _refuse(channel: Any, status: bytes, code: str, detail: str) -> None:
 class _Limits:
     """What ``install`` was given; one for the process, shared by every guarded channel."""
 
-    def __init__(self, *, head_timeout: float, min_body_rate: float, max_body: int, clock: Any) -> None:
-        self.head_timeout, self.min_body_rate, self.max_body, self.clock = head_timeout, min_body_rate, max_body, clock
+    def __init__(self, *, head_timeout: float, min_body_rate: float, max_body: int,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.head_timeout, self.min_body_rate, self.max_body, self.loop = head_timeout, min_body_rate, max_body, loop
 
 
 class _GuardedChannel:
@@ -50,16 +59,16 @@ class _GuardedChannel:
     pauses during which every socket of the process waited (ai1net.connection_cycles)."""
 
     _guard_limits: _Limits
-    _guard_deadline: Any = None  # the pending IDelayedCall, if any
+    _guard_deadline: asyncio.TimerHandle | None = None  # pending (cleared as it fires)
 
     def _guard_cancel(self) -> None:
         deadline, self._guard_deadline = self._guard_deadline, None
-        if deadline is not None and deadline.active():
-            deadline.cancel()  # Twisted drops the call's reference to this channel
+        if deadline is not None:
+            deadline.cancel()  # the loop drops the handle's reference to this channel
 
     def _guard_arm(self, seconds: float) -> None:
         self._guard_cancel()
-        self._guard_deadline = self._guard_limits.clock.callLater(seconds, self._guard_expire)
+        self._guard_deadline = self._guard_limits.loop.call_later(seconds, self._guard_expire)
 
     def _guard_expire(self) -> None:
         self._guard_deadline = None
@@ -94,6 +103,10 @@ class _GuardedChannel:
         super().connectionLost(reason)
 
 
+def _no_twisted_access_line(factory: Any, request: Any) -> None:
+    """``HTTPFactory.log``: daphne's own access log (``--access-log``) is the one written."""
+
+
 @functools.cache
 def _guarded(channel_class: type) -> type:
     return type(f"Guarded{channel_class.__name__}", (_GuardedChannel, channel_class), {"__module__": __name__})
@@ -115,10 +128,9 @@ def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool
 
     def build_guarded(self: Any, addr: Any) -> Any:
         nonlocal limits
-        if limits is None:
-            from twisted.internet import reactor  # the one daphne installed and runs
-
-            limits = _Limits(head_timeout=head_timeout, min_body_rate=min_body_rate, max_body=max_body, clock=reactor)
+        if limits is None:  # the loop daphne's asyncio reactor runs on, running this call
+            limits = _Limits(head_timeout=head_timeout, min_body_rate=min_body_rate, max_body=max_body,
+                             loop=asyncio.get_running_loop())
         protocol = build(self, addr)
         # Twisted parses a form POST's body into request.args (a multipart one whole, through the email
         # package) before daphne hands the raw body to the app, which never reads args: on a small API
@@ -132,5 +144,6 @@ def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool
         return protocol
 
     factory.buildProtocol = build_guarded
+    factory.log = _no_twisted_access_line
     factory._ai1net_guarded = True
     return True

@@ -100,6 +100,40 @@ def test_daphne_drops_slowloris_and_serves_others_meanwhile(daphne):
 
 
 @pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_alive_connection_outlives_the_head_deadline_of_its_answered_request(daphne):
+    """The deadline of a request that arrived whole is cancelled: a connection kept alive and idle past it is
+    not closed with a 408, and its next request is answered."""
+    with socket.create_connection(("127.0.0.1", daphne.port), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        for _ in range(2):
+            sock.sendall(f"POST /api/devices/bridge/push HTTP/1.1\r\nHost: 127.0.0.1:{daphne.port}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+            status = reader.readline()
+            assert status.startswith(b"HTTP/1.1 401"), status  # the app's answer (no device token), not a 408
+            length = 0
+            while (line := reader.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
+            time.sleep(2 + 1.5)  # past the 2 s deadline and its body's allowance
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_twisted_writes_no_access_line_of_its_own(tmp_path):
+    """daphne writes the access log; Twisted's HTTP factory formatted a second line per request into Twisted's
+    log (which daphne discards, or at -v 2 hands to Python's logging)."""
+    server = Daphne(tmp_path, app="tests.twisted_log_asgi:application")
+    try:
+        assert httpx.get(f"{server.url}/healthz", headers={"User-Agent": "access-line-probe"}, timeout=10).is_success
+        events = httpx.get(f"{server.url}/test/twisted-log", timeout=10).json()
+        assert not [event for event in events if "access-line-probe" in event or "/healthz" in event], events
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_daphne_refuses_a_body_over_every_limit_unread(daphne):
