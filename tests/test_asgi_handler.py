@@ -12,7 +12,7 @@ from channels.testing import HttpCommunicator
 from django.core.signals import request_finished, request_started
 from django.db import connection, connections
 from django.http import JsonResponse, StreamingHttpResponse
-from django.urls import path
+from django.urls import get_resolver, path
 from django.views.decorators.csrf import csrf_exempt
 
 from ai1net.handlers import KeptThreadsASGIHandler
@@ -192,6 +192,31 @@ async def test_a_coroutine_view_keeps_djangos_async_path_and_runs_on_the_event_l
     response = await fetch(app, "/coroutine")
     assert response["status"] == 200
     assert ("coroutine view", threading.get_ident()) in traced  # no thread held while it waits
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_the_event_loop_resolves_a_path_once_to_choose_the_sync_or_async_path(app, traced, monkeypatch):
+    from ai1net import handlers
+
+    resolved: list[str] = []
+
+    class CountingResolver:
+        def __init__(self, urlconf):
+            self.inner = get_resolver(urlconf)
+
+        def resolve(self, url):
+            resolved.append(url)
+            return self.inner.resolve(url)
+
+    monkeypatch.setattr(handlers, "get_resolver", CountingResolver)
+    handlers._resolves_to_coroutine.cache_clear()
+    for url in ["/traced", "/coroutine", "/traced", "/coroutine", "/traced"]:
+        assert (await fetch(app, url))["status"] == 200
+    assert sorted(resolved) == ["/coroutine", "/traced"]
+    on_the_loop = [name for name, thread in traced if thread == threading.get_ident()]
+    assert on_the_loop == ["coroutine view"] * 2  # each still takes its own path
+    assert [name for name, _ in traced].count("view") == 3
 
 
 @pytest.mark.urls("tests.test_asgi_handler")
