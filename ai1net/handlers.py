@@ -38,8 +38,8 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import FileResponse, HttpResponseBase
-from django.urls import Resolver404, get_resolver, set_script_prefix
+from django.http import FileResponse, HttpRequest, HttpResponseBase
+from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix, set_urlconf
 
 from ai1net import realtime
 
@@ -49,7 +49,7 @@ class KeptThreadsASGIHandler(ASGIHandler):
 
     def __init__(self) -> None:
         super().__init__()  # Django's async chain, for coroutine views
-        self._sync_chain = BaseHandler()
+        self._sync_chain = _SyncChain()
         self._sync_chain.load_middleware(is_async=False)  # the same middleware, built as under WSGI
         self._idle: list[ThreadPoolExecutor] = []  # touched on the event loop only
 
@@ -90,7 +90,8 @@ class KeptThreadsASGIHandler(ASGIHandler):
         script_name = get_script_prefix(scope).rstrip("/")
         if script_name and path.startswith(script_name):
             path = path[len(script_name):]
-        return _resolves_to_coroutine(self.urlconf or settings.ROOT_URLCONF, path or "/")
+        match = _resolved(self.urlconf or settings.ROOT_URLCONF, path or "/")
+        return match is not None and iscoroutinefunction(match.func)
 
 
     async def _handle_in_one_hop(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -129,17 +130,45 @@ class KeptThreadsASGIHandler(ASGIHandler):
         return response
 
 
-@functools.lru_cache(maxsize=4096)
-def _resolves_to_coroutine(urlconf: str, path: str) -> bool:
-    """Resolved on the event loop once per path, not per request (the request's thread resolves it again, as
-    Django does): walking the URL patterns was 8% of the loop's time under answer POSTs. A path whose view
-    is a coroutine under one URLconf stays so while the process lives; the cache is bounded, least recently
-    used first out, however many different paths clients send."""
+CACHED_PATH_MAX = 256  # longer paths resolve each time: the cache's memory stays bounded (4,096 x 256)
+
+
+def _resolve(urlconf: str, path: str) -> ResolverMatch | None:
+    """A path's match, or None (Django's own resolve then raises its 404, with the patterns it tried)."""
     try:
-        match = get_resolver(urlconf).resolve(path)
+        return get_resolver(urlconf).resolve(path)
     except Resolver404:
-        return False
-    return iscoroutinefunction(match.func)
+        return None
+
+
+_resolve_cached = functools.lru_cache(maxsize=4096)(_resolve)
+
+
+def _resolved(urlconf: str, path: str) -> ResolverMatch | None:
+    """``_resolve``, once per path rather than twice per request (the event loop, to choose Django's sync or
+    async path, and the request's thread, as Django does): walking the URL patterns was 8% of the loop's time
+    and 4% of the thread's under answer POSTs. A match stays true while the process lives; the cache keeps
+    the 4,096 paths used last."""
+    return (_resolve_cached if len(path) <= CACHED_PATH_MAX else _resolve)(urlconf, path)
+
+
+class _SyncChain(BaseHandler):
+    """Django's handler in sync mode, resolving through ``_resolved``."""
+
+    def resolve_request(self, request: HttpRequest) -> ResolverMatch:
+        urlconf = None
+        if hasattr(request, "urlconf"):  # as Django's
+            urlconf = request.urlconf
+            set_urlconf(urlconf)
+        cached = _resolved(urlconf or settings.ROOT_URLCONF, request.path_info)
+        if cached is None:
+            return super().resolve_request(request)
+        # The request's own copy (ResolverMatch refuses copy.copy): a view or middleware may change its kwargs.
+        match = ResolverMatch.__new__(ResolverMatch)
+        match.__dict__.update(cached.__dict__)
+        match.kwargs = dict(cached.kwargs)
+        request.resolver_match = match
+        return match
 
 
 def _in_request_thread(func: Any) -> Any:

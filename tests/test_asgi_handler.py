@@ -145,7 +145,15 @@ def streaming_view(request):
     return StreamingHttpResponse(body())
 
 
-urlpatterns += [path("traced", traced_view), path("coroutine", coroutine_view), path("streaming", streaming_view)]
+@csrf_exempt
+def counted_view(request, n):
+    seen = dict(request.resolver_match.kwargs)
+    request.resolver_match.kwargs["n"] = -1  # a view changing its match changes no other request's
+    return JsonResponse({"n": n, "seen": seen})
+
+
+urlpatterns += [path("traced", traced_view), path("coroutine", coroutine_view), path("streaming", streaming_view),
+                path("counted/<int:n>", counted_view)]
 
 
 @pytest.fixture
@@ -210,13 +218,32 @@ async def test_the_event_loop_resolves_a_path_once_to_choose_the_sync_or_async_p
             return self.inner.resolve(url)
 
     monkeypatch.setattr(handlers, "get_resolver", CountingResolver)
-    handlers._resolves_to_coroutine.cache_clear()
+    handlers._resolve_cached.cache_clear()
     for url in ["/traced", "/coroutine", "/traced", "/coroutine", "/traced"]:
         assert (await fetch(app, url))["status"] == 200
     assert sorted(resolved) == ["/coroutine", "/traced"]
     on_the_loop = [name for name, thread in traced if thread == threading.get_ident()]
     assert on_the_loop == ["coroutine view"] * 2  # each still takes its own path
     assert [name for name, _ in traced].count("view") == 3
+
+
+@pytest.mark.urls("tests.test_asgi_handler")
+@pytest.mark.django_db(transaction=True)
+async def test_each_request_gets_its_own_copy_of_a_cached_match(app):
+    for _ in range(3):
+        response = await fetch(app, "/counted/7")
+        assert json.loads(response["body"]) == {"n": 7, "seen": {"n": 7}}
+    assert json.loads((await fetch(app, "/counted/8"))["body"]) == {"n": 8, "seen": {"n": 8}}
+
+
+def test_long_paths_are_resolved_each_time_and_not_kept():
+    from ai1net import handlers
+
+    handlers._resolve_cached.cache_clear()
+    long_path = "/api/" + "x" * handlers.CACHED_PATH_MAX
+    assert handlers._resolved("ai1net.urls", long_path) is None
+    assert handlers._resolved("ai1net.urls", "/healthz") is not None
+    assert handlers._resolve_cached.cache_info().currsize == 1
 
 
 @pytest.mark.urls("tests.test_asgi_handler")
