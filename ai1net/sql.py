@@ -253,22 +253,23 @@ def columns_of(vendor: str, model: type, alias: str) -> str:
 
 def from_row(model: type, row: Any) -> Any:
     """The object of ``model`` whose columns (``columns_of``) begin ``row``, as the ORM converts them."""
-    return _from_row(model, row_plan(connection.vendor, model), row)
+    conn = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the ``connection`` proxy looks it up per use
+    return _from_row(model, row_plan(conn.vendor, model), row, conn)
 
 
 def _column_values(model: type, values: dict[str, Any]) -> list[Any]:
     meta = model._meta
-    return [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), connection)
-            for name, value in values.items()]
+    conn = connections[DEFAULT_DB_ALIAS]
+    return [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), conn) for name, value in values.items()]
 
 
-def _from_row(model: type, plan: list[tuple[Any, list, Any]], row: Any) -> Any:
+def _from_row(model: type, plan: list[tuple[Any, list, Any]], row: Any, conn: Any) -> Any:
     converted = []
     for value, (_field, converters, col) in zip(row[:len(plan)], plan, strict=True):
         for converter in converters:
-            value = converter(value, col, connection)
+            value = converter(value, col, conn)
         converted.append(value)
-    return model.from_db(connection.alias, [field.attname for field, _, _ in plan], converted)
+    return model.from_db(conn.alias, [field.attname for field, _, _ in plan], converted)
 
 
 def one_by(model: type, **values: Any) -> Any:
@@ -281,24 +282,26 @@ def one_by(model: type, **values: Any) -> Any:
 def some_by(model: type, limit: int, **values: Any) -> list[Any]:
     """Up to ``limit`` rows of an equality lookup, in no order, as ``one_by`` reads one (e.g. two, to tell
     a name that names one row from one that names several)."""
-    sql, plan = _by_columns_plan(connection.vendor, model, tuple(values), "", limit)
-    with connection.cursor() as cursor:
+    conn = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the ``connection`` proxy looks it up per use
+    sql, plan = _by_columns_plan(conn.vendor, model, tuple(values), "", limit)
+    with conn.cursor() as cursor:
         cursor.execute(sql, _column_values(model, values))
         rows = cursor.fetchall()
-    return [_from_row(model, plan, row) for row in rows]
+    return [_from_row(model, plan, row, conn) for row in rows]
 
 
 def one_by_also(model: type, also: str, also_params: list[Any], **values: Any) -> tuple[Any, Any]:
     """``one_by`` and, in the same statement, one more value about that row: ``also``, a written SQL
     expression (it may name the model's table, e.g. in an EXISTS) whose parameters come first. Returns
     (the object or None, the value or None)."""
-    sql, plan = _by_columns_plan(connection.vendor, model, tuple(values), also)
-    with connection.cursor() as cursor:
+    conn = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the ``connection`` proxy looks it up per use
+    sql, plan = _by_columns_plan(conn.vendor, model, tuple(values), also)
+    with conn.cursor() as cursor:
         cursor.execute(sql, [*also_params, *_column_values(model, values)])
         row = cursor.fetchone()
     if row is None:
         return None, None
-    return _from_row(model, plan, row), (row[len(plan)] if also else None)
+    return _from_row(model, plan, row, conn), (row[len(plan)] if also else None)
 
 
 @functools.cache

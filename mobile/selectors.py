@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -49,9 +49,10 @@ def own_question(*, user: Any, question_id: uuid.UUID) -> Question | None:
     """``Question.objects.select_related("session", "device").filter(pk=…, device__owner=user).first()``
     as one statement written out once: on the answer POST, Django compiling that query cost more than the
     database took to run it (bench/roundtrip.py)."""
-    sql, plan = _own_question_plan(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [Question._meta.pk.get_db_prep_value(question_id, connection), user.pk])
+    conn = transaction.get_connection()  # looked up once (each use of the ``connection`` proxy looks it up)
+    sql, plan = _own_question_plan(conn.vendor)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [Question._meta.pk.get_db_prep_value(question_id, conn), user.pk])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -62,9 +63,9 @@ def own_question(*, user: Any, question_id: uuid.UUID) -> Question | None:
             value = row[at]
             at += 1
             for converter in converters:
-                value = converter(value, col, connection)
+                value = converter(value, col, conn)
             values.append(value)
-        instances.append(model.from_db(connection.alias, [f.attname for f, _, _ in fields], values))
+        instances.append(model.from_db(conn.alias, [f.attname for f, _, _ in fields], values))
     question, session, device = instances
     question.session, question.device = session, device
     return question

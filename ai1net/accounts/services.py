@@ -95,34 +95,35 @@ def audit_record(*, actor: User | None, action: str, subject: User | None = None
         "subject_label": _label(subject), "data": data, "ip": ip or "",
     }
     entry = AuditEntry(actor=actor, subject=subject, **fields)
+    conn = transaction.get_connection()  # looked up once (each use of the ``connection`` proxy looks it up)
 
     def appended(row: tuple[int, str, str] | None) -> None:
         if row is None:  # no head yet, or not PostgreSQL
-            entry.prev_hash = _audit_head_lock()
+            entry.prev_hash = _audit_head_lock(conn)
             entry.hash = audit_hash(prev_hash=entry.prev_hash, **fields)
-            entry.pk = _audit_append(entry)
+            entry.pk = _audit_append(conn, entry)
         else:
             entry.pk, entry.prev_hash, entry.hash = row
         entry._state.adding = False
-        entry._state.db = connection.alias
+        entry._state.db = conn.alias
 
     with transaction.atomic(savepoint=False):
-        if connection.vendor == "postgresql":
+        if conn.vendor == "postgresql":
             # In a pipeline (``sql.pipelined``) the entry has its id and hashes when that ends.
-            _audit_append_here(entry, *audit_hash_around(**fields), then=appended)
+            _audit_append_here(conn, entry, *audit_hash_around(**fields), then=appended)
         else:
             appended(None)
     return entry
 
 
-def _audit_head_lock() -> str:
+def _audit_head_lock(conn: Any) -> str:
     """Lock the chain head until commit and return the newest hash (seeding the head when it is
     missing: the first append, or after the tables were flushed)."""
-    qn, head = connection.ops.quote_name, AuditHead._meta
+    qn, head = conn.ops.quote_name, AuditHead._meta
     # Names from the model's _meta, values as parameters.
     lock = (f"UPDATE {qn(head.db_table)} SET {qn('hash')} = {qn('hash')} "  # noqa: S608
             f"WHERE {qn(head.pk.column)} = %s RETURNING {qn('hash')}")
-    with connection.cursor() as cursor:
+    with conn.cursor() as cursor:
         cursor.execute(lock, [_AUDIT_HEAD_ID])
         row = cursor.fetchone()
         if row is None:
@@ -135,16 +136,16 @@ def _audit_head_lock() -> str:
     return row[0]
 
 
-def _audit_append_here(entry: AuditEntry, before: str, after: str,
+def _audit_append_here(conn: Any, entry: AuditEntry, before: str, after: str,
                        then: Callable[[tuple[int, str, str] | None], None]) -> None:
     """PostgreSQL: lock the head, hash ``entry`` onto it, insert it and move the head, in one statement.
     Hands ``then`` (id, prev_hash, hash), or None when there is no head row yet (``_audit_head_lock`` seeds
     it): at once, or in a pipeline (``sql.pipelined``) when that ends.
     The UPDATE's SET reads the row as it was, so ``prev_hash = hash`` keeps the hash it replaces; under
     a concurrent append it waits for that commit and hashes onto the head as committed."""
-    statement, own = _append_here_sql(connection.vendor)
-    values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in own]
-    sql.run(connection, statement, [before, after, _AUDIT_HEAD_ID, *values],
+    statement, own = _append_here_sql(conn.vendor)
+    values = [f.get_db_prep_save(getattr(entry, f.attname), conn) for f in own]
+    sql.run(conn, statement, [before, after, _AUDIT_HEAD_ID, *values],
             lambda row: then(None if row is None else (int(row[0]), row[1], row[2])))
 
 
@@ -165,23 +166,23 @@ def _append_here_sql(vendor: str) -> tuple[str, list[Any]]:
     return statement, own
 
 
-def _audit_append(entry: AuditEntry) -> int:
+def _audit_append(conn: Any, entry: AuditEntry) -> int:
     """Insert ``entry`` (hashed already) and make its hash the head's; returns its id."""
-    qn, meta, head = connection.ops.quote_name, AuditEntry._meta, AuditHead._meta
+    qn, meta, head = conn.ops.quote_name, AuditEntry._meta, AuditHead._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
-    values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in fields]
+    values = [f.get_db_prep_save(getattr(entry, f.attname), conn) for f in fields]
     # Names from the models' _meta, values as parameters.
     insert = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "  # noqa: S608
               f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {qn(meta.pk.column)}")
     move = (f"UPDATE {qn(head.db_table)} SET {qn('prev_hash')} = %s, {qn('hash')} = %s "  # noqa: S608
             f"WHERE {qn(head.pk.column)} = %s")
-    with connection.cursor() as cursor:
-        if connection.features.can_return_columns_from_insert:
+    with conn.cursor() as cursor:
+        if conn.features.can_return_columns_from_insert:
             cursor.execute(insert, values)
             entry_id = int(cursor.fetchone()[0])
         else:
             cursor.execute(insert.rsplit(" RETURNING ", 1)[0], values)
-            entry_id = int(connection.ops.last_insert_id(cursor, meta.db_table, meta.pk.column))
+            entry_id = int(conn.ops.last_insert_id(cursor, meta.db_table, meta.pk.column))
         cursor.execute(move, [entry.prev_hash, entry.hash, _AUDIT_HEAD_ID])
     return entry_id
 
