@@ -93,7 +93,6 @@ class KeptThreadsASGIHandler(ASGIHandler):
         match = _resolved(self.urlconf or settings.ROOT_URLCONF, path or "/")
         return match is not None and iscoroutinefunction(match.func)
 
-
     async def _handle_in_one_hop(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
             body_file = await self.read_body(receive)

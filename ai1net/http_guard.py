@@ -11,12 +11,12 @@ app runs and can refuse it. ``install`` wraps every new HTTP connection of daphn
 - a body declared larger than the largest any route takes (``max_body``) gets 413 at once, unread;
 - Twisted's own parse of form bodies (which daphne never uses) is off, and so is Twisted's own access line
   (daphne writes its own access log; Twisted formatted a second line per request for a log daphne sends
-  nowhere, or at ``-v 2`` into Python's logging beside daphne's: a tenth of a bare request's instructions,
-  ``python -m bench.instructions``).
+  nowhere, or at ``-v 2`` into Python's logging beside daphne's).
 
 The deadlines are timers of the asyncio loop that daphne runs Twisted on: Twisted's ``callLater`` on that
 reactor cancels and re-arms the loop's one timer for its own queue at every call and cancel (two of each per
-request, 4% of a bare request's instructions).
+request). With the access line, that was a tenth of the instructions of a bare request
+(``python -m bench.instructions``).
 
 WebSocket upgrades are requests without a body: their deadline ends with their headers, and autobahn's
 handshake timeout takes over. Nothing changes for a client that sends its request at a normal pace.
