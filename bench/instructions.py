@@ -1,6 +1,6 @@
 """Instructions per HTTP request in daphne, counted by valgrind's callgrind: a figure that repeats.
 
-    .venv/bin/python -m bench.instructions                        # bare, floor and answer; 100 each, ~2 min
+    .venv/bin/python -m bench.instructions                        # every path below; 100 each, ~2 min
     .venv/bin/python -m bench.instructions --requests 200 --paths floor,answer
 
 On the shared 2-core bench machines a path's wall and CPU times move by 10-30% from one run to the next (the
@@ -19,9 +19,14 @@ requests to warm up, then ``--requests`` more with the counters zeroed before th
 - ``floor``: ``POST /bench/floor``, the answer POST without the answer (every middleware, the session and
   user, the DRF view with its checks, the serializer; bench/roundtrip_asgi.py);
 - ``answer``: ``POST /api/mobile/answer`` for a pending question of a paired bridge (one question each; the
-  bridge is not connected, so the answer waits in its outbox): the request of the "server time" row.
+  bridge is not connected, so the answer waits in its outbox): the request of the "server time" row;
+- ``echo-connect``: a WebSocket opened on the bare Channels echo and its first frame answered (the baseline
+  of the connects row), each kept open until the count is taken, as in that row;
+- ``tunnel-connect``: a device's tunnel opened and its hello answered, by bridges that connected before (as
+  after a platform restart: bench/tunnel.py's connect storm), each kept open likewise.
 
-Printed: million instructions per request, and each beside ``bare``. The event loop's timers run while the
+Printed: million instructions per request or connect, and each beside ``bare`` (the connects, beside
+``echo-connect``). The event loop's timers run while the
 requests do (under 1% of the counts here). Needs ``valgrind`` (Debian's package); a benchmark, not a test.
 """
 
@@ -43,10 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 VENV_BIN = Path(sys.executable).parent
 
+import websockets  # noqa: E402
+
 from bench import stop_cleanly_on_sigterm  # noqa: E402
 from bench.roundtrip import PASSWORD, USERNAME, free_port, prepare_database  # noqa: E402
+from bench.tunnel import PAYLOAD, RESTART_ACKED_SEQ, tunnel_open  # noqa: E402
+from bench.tunnel import prepare_database as make_bridges  # noqa: E402
 
-PATHS = ("bare", "floor", "answer")
+PATHS = ("bare", "floor", "answer", "echo-connect", "tunnel-connect")
+CONNECTS = ("echo-connect", "tunnel-connect")
 WARMUP = 20
 QUESTION = "Which framework?"
 
@@ -173,8 +183,21 @@ class Counted:
         self.log.close()
 
 
-async def count(counted: Counted, client: Client, name: str, requests: int, questions: list[list[str]]) -> int:
+async def count(counted: Counted, client: Client, name: str, requests: int, questions: list[list[str]],
+                bridges: list[tuple[str, str]]) -> int:
+    url = f"ws://127.0.0.1:{client.port}"
+    sockets: list[websockets.ClientConnection] = []
+
     async def one(n: int) -> None:
+        if name == "echo-connect":
+            ws = await websockets.connect(f"{url}/ws/echo", ping_interval=None, open_timeout=120)
+            await ws.send(PAYLOAD)
+            await ws.recv()
+            sockets.append(ws)
+            return
+        if name == "tunnel-connect":
+            sockets.append(await tunnel_open(url, bridges[n][1], RESTART_ACKED_SEQ))
+            return
         if name == "bare":
             status, body = await client.request("GET", "/bench/gc")
         else:
@@ -185,12 +208,15 @@ async def count(counted: Counted, client: Client, name: str, requests: int, ques
         if status != 200:
             raise SystemExit(f"{name}: {status} {body[:300]!r}")
 
-    for n in range(WARMUP):
-        await one(n)
-    await asyncio.to_thread(counted.control, "--zero")
-    for n in range(WARMUP, WARMUP + requests):
-        await one(n)
-    return await asyncio.to_thread(counted.dump, name)
+    try:
+        for n in range(WARMUP):
+            await one(n)
+        await asyncio.to_thread(counted.control, "--zero")
+        for n in range(WARMUP, WARMUP + requests):
+            await one(n)
+        return await asyncio.to_thread(counted.dump, name)
+    finally:  # closed after the count, as the connects row leaves closes out
+        await asyncio.gather(*[ws.close() for ws in sockets], return_exceptions=True)
 
 
 async def main() -> None:
@@ -213,6 +239,7 @@ async def main() -> None:
     asked = subprocess.run([sys.executable, "-c", ASK, USERNAME, str(2 * (WARMUP + args.requests)), QUESTION],
                            cwd=ROOT, env=env, check=True, capture_output=True, text=True)
     questions = json.loads(asked.stdout.strip().splitlines()[-1])
+    bridges = make_bridges(env, WARMUP + args.requests) if "tunnel-connect" in paths else []
     port = free_port()
     counted = Counted(workdir, env, port)
     ok = False
@@ -233,9 +260,10 @@ async def main() -> None:
         for name in paths:
             # The floor takes the answer's first questions' bodies (it answers none of them); the answers, the rest.
             offset = WARMUP + args.requests if name == "answer" else 0
-            total = await count(counted, client, name, args.requests, questions[offset:])
+            total = await count(counted, client, name, args.requests, questions[offset:], bridges)
             figures[name] = total / args.requests / 1e6
-            print(f"  {name}: {figures[name]:.3f} million instructions per request ({args.requests} counted)",
+            unit = "connect" if name in CONNECTS else "request"
+            print(f"  {name}: {figures[name]:.3f} million instructions per {unit} ({args.requests} counted)",
                   flush=True)
         ok = True
     finally:
@@ -244,9 +272,10 @@ async def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"  logs and callgrind's files: {workdir}")
-    print("\n| path | million instructions per request | x bare |\n|---|---|---|")
+    print("\n| path | million instructions per request or connect | x baseline (bare; echo-connect) |\n|---|---|---|")
     for name, figure in figures.items():
-        ratio = f"{figure / figures['bare']:.2f}" if "bare" in figures else "-"
+        baseline = figures.get("echo-connect" if name in CONNECTS else "bare")
+        ratio = f"{figure / baseline:.2f}" if baseline else "-"
         print(f"| {name} | {figure:.3f} | {ratio} |")
 
 
