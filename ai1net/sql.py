@@ -257,9 +257,8 @@ def from_row(model: type, row: Any) -> Any:
     return _from_row(model, row_plan(conn.vendor, model), row, conn)
 
 
-def _column_values(model: type, values: dict[str, Any]) -> list[Any]:
+def _column_values(model: type, values: dict[str, Any], conn: Any) -> list[Any]:
     meta = model._meta
-    conn = connections[DEFAULT_DB_ALIAS]
     return [meta.get_field(name).get_db_prep_value(getattr(value, "pk", value), conn) for name, value in values.items()]
 
 
@@ -285,7 +284,7 @@ def some_by(model: type, limit: int, **values: Any) -> list[Any]:
     conn = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the ``connection`` proxy looks it up per use
     sql, plan = _by_columns_plan(conn.vendor, model, tuple(values), "", limit)
     with conn.cursor() as cursor:
-        cursor.execute(sql, _column_values(model, values))
+        cursor.execute(sql, _column_values(model, values, conn))
         rows = cursor.fetchall()
     return [_from_row(model, plan, row, conn) for row in rows]
 
@@ -297,7 +296,7 @@ def one_by_also(model: type, also: str, also_params: list[Any], **values: Any) -
     conn = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the ``connection`` proxy looks it up per use
     sql, plan = _by_columns_plan(conn.vendor, model, tuple(values), also)
     with conn.cursor() as cursor:
-        cursor.execute(sql, [*also_params, *_column_values(model, values)])
+        cursor.execute(sql, [*also_params, *_column_values(model, values, conn)])
         row = cursor.fetchone()
     if row is None:
         return None, None
@@ -315,10 +314,10 @@ def _update_sql(vendor: str, model: type, columns: tuple[str, ...], where: tuple
 
 def update_statement(model: type, values: dict[str, Any], where: dict[str, Any]) -> tuple[str, list[Any]]:
     """The UPDATE of ``update_by`` and its parameters, for a caller that wraps it (e.g. in a WITH)."""
-    meta = model._meta
-    params = [meta.get_field(name).get_db_prep_save(getattr(value, "pk", value), connection)
+    meta, conn = model._meta, connections[DEFAULT_DB_ALIAS]  # the wrapper itself, looked up once
+    params = [meta.get_field(name).get_db_prep_save(getattr(value, "pk", value), conn)
               for name, value in values.items()]
-    return _update_sql(connection.vendor, model, tuple(values), tuple(where)), [*params, *_column_values(model, where)]
+    return _update_sql(conn.vendor, model, tuple(values), tuple(where)), [*params, *_column_values(model, where, conn)]
 
 
 def update_by(model: type, values: dict[str, Any], **where: Any) -> int:
