@@ -5,9 +5,10 @@
 
 On the shared 2-core bench machines a path's wall and CPU times move by 10-30% from one run to the next (the
 machine's own speed drifts), so a change that saves 2% of a request cannot be seen in them, however the runs
-are interleaved. callgrind counts the instructions the daphne process executes, in every thread: the same to
-within 0.1% from one run to the next for the same code, inputs and environment, whatever else the machine is
-doing. It is no stand-in for time (a cache miss or a wait for the database costs no instructions), and it
+are interleaved. callgrind counts the instructions the daphne process executes, in every thread. On an
+otherwise idle machine the same code counted the same to within 0.1% per floor POST from one run to the next,
+about 1% per answer POST and 3-5% per connect; a busy machine adds a few percent (the loop's timers and the
+threads' hand-overs run more often), so compare runs made alike. It is no stand-in for time (a cache miss or a wait for the database costs no instructions), and it
 runs the process some 50 times slower; what it tells is how much work a change took away.
 
 One daphne process (the embedded default: SQLite in a temp folder, the in-memory layer) serves

@@ -84,7 +84,7 @@ def test_a_new_question_pushes_a_notice_that_carries_no_question_text(mobile_use
     ntfy = push_service.for_path("/ai1net-topic")[0]
     for secret in question_strings(question):
         assert secret not in encrypt_spy[0].decode(), secret
-        # Ciphertext is random bytes: a short string ("No", a pk) turns up in it by chance, so only strings long
+        # Ciphertext is random bytes: a short string ("No", "zone") turns up in it by chance, so only strings long
         # enough never to do so are looked for there. The decrypted body above covers every string.
         if len(secret) >= 8:
             assert secret.encode() not in push.body, secret
