@@ -13,7 +13,7 @@ runs the process some 50 times slower; what it tells is how much work a change t
 
 One daphne process (the embedded default: SQLite in a temp folder, the in-memory layer) serves
 ``bench.roundtrip_asgi:application`` under ``valgrind --tool=callgrind``. A logged-in client on one
-keep-alive connection (plain sockets, so the client costs nothing to count) sends, per path, some
+keep-alive connection (plain sockets: every counted request is the same few bytes) sends, per path, some
 requests to warm up, then ``--requests`` more with the counters zeroed before them and dumped after:
 
 - ``bare``: ``GET /bench/gc``, answered by a plain ASGI callable in front of Django: daphne's own HTTP work;
@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 VENV_BIN = Path(sys.executable).parent
 
+import httpx  # noqa: E402
 import websockets  # noqa: E402
 
 from bench import stop_cleanly_on_sigterm  # noqa: E402
@@ -118,33 +119,16 @@ class Client:
                 return status, b"".join(chunks)
 
 
-def cookies_of(set_cookies: list[str]) -> dict[str, str]:
-    return dict(value.split(";", 1)[0].split("=", 1) for value in set_cookies)
-
-
 async def log_in(port: int) -> Client:
-    """The phone's session: Django's login form, as a browser posts it (CSRF cookie and field)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-    async def exchange(request: str) -> list[str]:
-        writer.write(request.encode())
-        lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        length = next((int(line.split(": ", 1)[1]) for line in lines if line.lower().startswith("content-length")), 0)
-        await reader.readexactly(length)
-        return lines
-
-    host = f"Host: 127.0.0.1:{port}"
-    lines = await exchange(f"GET /accounts/login/ HTTP/1.1\r\n{host}\r\n\r\n")
-    jar = cookies_of([line.split(": ", 1)[1] for line in lines if line.lower().startswith("set-cookie")])
-    form = f"username={USERNAME}&password={PASSWORD.replace(' ', '+')}&csrfmiddlewaretoken={jar['csrftoken']}"
-    lines = await exchange(f"POST /accounts/login/ HTTP/1.1\r\n{host}\r\nCookie: csrftoken={jar['csrftoken']}\r\n"
-                           f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(form)}\r\n\r\n"
-                           f"{form}")
-    writer.close()
-    if " 302 " not in lines[0]:
-        raise SystemExit(f"login failed: {lines[0]}")
-    jar.update(cookies_of([line.split(": ", 1)[1] for line in lines if line.lower().startswith("set-cookie")]))
-    return Client(port, "; ".join(f"{k}={v}" for k, v in jar.items()), jar["csrftoken"])
+    """The phone's session, through Django's login form as bench/roundtrip.py logs in (before any count)."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as phone:
+        (await phone.get("/accounts/login/")).raise_for_status()
+        login = await phone.post("/accounts/login/", data={"username": USERNAME, "password": PASSWORD,
+                                                           "csrfmiddlewaretoken": phone.cookies["csrftoken"]})
+        if login.status_code != 302:
+            raise SystemExit(f"login failed: {login.status_code} {login.text[:300]}")
+        cookies = dict(phone.cookies.items())
+    return Client(port, "; ".join(f"{name}={value}" for name, value in cookies.items()), cookies["csrftoken"])
 
 
 class Counted:
