@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.instructions                        # every path below; 100 each, ~2 min
     .venv/bin/python -m bench.instructions --requests 200 --paths floor,answer
+    .venv/bin/python -m bench.instructions --pg --paths echo-connect,tunnel-connect   # PostgreSQL + Redis
 
 On the shared 2-core bench machines a path's wall and CPU times move by 10-30% from one run to the next (the
 machine's own speed drifts), so a change that saves 2% of a request cannot be seen in them, however the runs
@@ -11,7 +12,9 @@ about 1% per answer POST and 3-5% per connect; a busy machine adds a few percent
 threads' hand-overs run more often), so compare runs made alike. It is no stand-in for time (a cache miss or a wait for the database costs no instructions), and it
 runs the process some 50 times slower; what it tells is how much work a change took away.
 
-One daphne process (the embedded default: SQLite in a temp folder, the in-memory layer) serves
+One daphne process (the embedded default: SQLite in a temp folder, the in-memory layer; with ``--pg`` a fresh
+PostgreSQL database on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 under a unique prefix, both removed at the
+end, where only daphne's side of each database and Redis call is counted) serves
 ``bench.roundtrip_asgi:application`` under ``valgrind --tool=callgrind``. A logged-in client on one
 keep-alive connection (plain sockets: every counted request is the same few bytes) sends, per path, some
 requests to warm up, then ``--requests`` more with the counters zeroed before them and dumped after:
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -53,7 +57,15 @@ import httpx  # noqa: E402
 import websockets  # noqa: E402
 
 from bench import stop_cleanly_on_sigterm  # noqa: E402
-from bench.roundtrip import PASSWORD, USERNAME, free_port, prepare_database  # noqa: E402
+from bench.roundtrip import (  # noqa: E402
+    PASSWORD,
+    REDIS_URL,
+    USERNAME,
+    free_port,
+    postgres_database,
+    prepare_database,
+    redis_prefix,
+)
 from bench.tunnel import PAYLOAD, RESTART_ACKED_SEQ, tunnel_open  # noqa: E402
 from bench.tunnel import prepare_database as make_bridges  # noqa: E402
 
@@ -209,6 +221,7 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=100, help="counted requests per path (default 100)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder (callgrind's files, the log)")
+    parser.add_argument("--pg", action="store_true", help="PostgreSQL + Redis on this machine, not the embedded default")
     args = parser.parse_args()
     paths = [path for path in args.paths.split(",") if path]
     if args.requests < 1 or not paths or set(paths) - set(PATHS):
@@ -220,6 +233,14 @@ async def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_"))}
     env.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                 "AI1NET_MOBILE_REPLY": "1", "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}"})
+    with contextlib.ExitStack() as stack:
+        if args.pg:
+            env.update(DATABASE_URL=stack.enter_context(postgres_database()), REDIS_URL=REDIS_URL,
+                       AI1NET_REDIS_PREFIX=stack.enter_context(redis_prefix()))
+        await run(args, paths, workdir, env)
+
+
+async def run(args: argparse.Namespace, paths: list[str], workdir: Path, env: dict[str, str]) -> None:
     prepare_database(env)
     asked = subprocess.run([sys.executable, "-c", ASK, USERNAME, str(2 * (WARMUP + args.requests)), QUESTION],
                            cwd=ROOT, env=env, check=True, capture_output=True, text=True)
