@@ -241,6 +241,8 @@ async def main() -> None:
 
 
 async def run(args: argparse.Namespace, paths: list[str], workdir: Path, env: dict[str, str]) -> None:
+    config = "PostgreSQL + Redis" if args.pg else "embedded (SQLite, the in-memory layer)"
+    print(f"configuration: {config}; database {env['DATABASE_URL']}", flush=True)
     prepare_database(env)
     asked = subprocess.run([sys.executable, "-c", ASK, USERNAME, str(2 * (WARMUP + args.requests)), QUESTION],
                            cwd=ROOT, env=env, check=True, capture_output=True, text=True)
@@ -278,7 +280,8 @@ async def run(args: argparse.Namespace, paths: list[str], workdir: Path, env: di
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"  logs and callgrind's files: {workdir}")
-    print("\n| path | million instructions per request or connect | x baseline (bare; echo-connect) |\n|---|---|---|")
+    print(f"\n{config}:\n| path | million instructions per request or connect | x baseline (bare; echo-connect) |"
+          "\n|---|---|---|")
     for name, figure in figures.items():
         baseline = figures.get("echo-connect" if name in CONNECTS else "bare")
         ratio = f"{figure / baseline:.2f}" if baseline else "-"
