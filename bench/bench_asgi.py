@@ -14,6 +14,13 @@
 - ``/ws/bench-call``: each text frame is a device id; the platform calls that device's ``bench.echo``
   (``services.device_call`` from a worker thread, as the probes' background calls are made) and the
   socket gets the result as JSON.
+- floors, the least each tunnel row's path must do, without the product (bench/tunnel.py measures them beside
+  the rows): ``/ws/floor-device?key=K`` and ``/ws/floor-outbox?key=K`` for deliver -> ack (each frame on the
+  outbox socket: one durable INSERT in a thread as a device's request makes it, its id sent to the device
+  socket; the device's ack: one UPDATE with the ack's relaxed commit in a tunnel-like database thread, then
+  ``{"acked": id}`` on the outbox socket); ``/ws/floor-connect`` for a connect (the bearer token's device
+  read after the accept, one presence write with the hello's relaxed commit on the first frame, then the
+  frame echoed);
 - ``GET /bench/gc``: the cyclic collector's work in this process since the last such GET (``gc.callbacks``):
   ``{"collections": n, "ms": total, "longest_ms": ..., "full": n, "longest": {"generation", "collected"}}``;
   every socket of the process waits while it runs.
@@ -35,13 +42,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 from asgiref.sync import sync_to_async  # noqa: E402
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
+from django.utils import timezone  # noqa: E402
 
 from ai1net import realtime  # noqa: E402
 from ai1net.asgi import application as ai1net_application  # noqa: E402
 from ai1net.consumers import LoopDispatch  # noqa: E402
+from ai1net.db_threads import DatabaseThreads, default_count  # noqa: E402
 from devices import services  # noqa: E402
-from devices.consumers import device_request_hop  # noqa: E402
+from devices.consumers import _bearer, device_request_hop  # noqa: E402
 from devices.models import Device  # noqa: E402
 from devices.rpc import device_method  # noqa: E402
 
@@ -132,6 +142,107 @@ def _watched_outbox_ack(*, device_id: Any, seq: int, **kwargs: Any) -> None:
 
 services.outbox_ack = _watched_outbox_ack  # the tunnel looks it up at call time
 
+# --- floors --------------------------------------------------------------------------------------
+# Threads as the product's: one for a device's requests (device_request_hop), the tunnel's count for its own.
+_floor_request_db = DatabaseThreads(1, "floor-request-db")
+_floor_tunnel_db = DatabaseThreads(default_count(), "floor-tunnel-db")
+_floor_devices: dict[str, Any] = {}
+_floor_outboxes: dict[str, Any] = {}
+_FLOOR_TABLE = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS bench_floor_item (id integer PRIMARY KEY AUTOINCREMENT, "
+              "payload text NOT NULL, acked boolean NOT NULL DEFAULT FALSE)",
+    "postgresql": "CREATE TABLE IF NOT EXISTS bench_floor_item (id bigserial PRIMARY KEY, payload text NOT NULL, "
+                  "acked boolean NOT NULL DEFAULT FALSE)",
+}
+
+
+def _relaxed(update: str) -> str:
+    """On PostgreSQL the statement relaxes its own commit, as the product's ack and hello do."""
+    return services._relaxing_own_commit(update) if connection.vendor == "postgresql" else update
+
+
+def _floor_create_table() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_FLOOR_TABLE[connection.vendor])
+
+
+def _floor_insert(payload: str) -> int:
+    with connection.cursor() as cursor:  # autocommit: the statement commits durably by itself
+        cursor.execute("INSERT INTO bench_floor_item (payload) VALUES (%s) RETURNING id", [payload])
+        return int(cursor.fetchone()[0])
+
+
+def _floor_ack(item_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_relaxed("UPDATE bench_floor_item SET acked = TRUE WHERE id = %s"), [item_id])
+
+
+_device_table = Device._meta.db_table
+
+
+def _floor_device_id(raw_token: str) -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {_device_table} WHERE token_hash = %s", [services.hash_secret(raw_token)])  # noqa: S608
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _floor_seen(device_id: Any) -> None:
+    now = Device._meta.get_field("last_seen_at").get_db_prep_save(timezone.now(), connection)
+    with connection.cursor() as cursor:
+        cursor.execute(_relaxed(f"UPDATE {_device_table} SET last_seen_at = %s WHERE id = %s"),  # noqa: S608
+                       [now, device_id])
+
+
+class _Keyed(_Lean):
+    registry: dict[str, Any] = {}
+
+    async def connect(self):
+        self.key = parse_qs(self.scope.get("query_string", b"").decode()).get("key", [""])[0]
+        self.registry[self.key] = self
+        await self.accept()
+
+    async def disconnect(self, code):
+        if self.registry.get(self.key) is self:
+            del self.registry[self.key]
+
+
+class FloorDeviceConsumer(_Keyed):
+    registry = _floor_devices
+
+    async def receive(self, text_data=None, bytes_data=None):
+        item_id = json.loads(text_data)["seq"]
+        await _floor_tunnel_db.call(_floor_ack, item_id)
+        await _floor_outboxes[self.key].send(text_data=json.dumps({"acked": item_id}))
+
+
+class FloorOutboxConsumer(_Keyed):
+    registry = _floor_outboxes
+
+    async def connect(self):
+        await _floor_request_db.call(_floor_create_table)
+        await super().connect()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        item_id = await _floor_request_db.call(_floor_insert, text_data)
+        await _floor_devices[self.key].send(
+            text_data=json.dumps({"method": "deliver", "params": {"seq": item_id, "payload": text_data}}))
+
+
+class FloorConnectConsumer(_Lean):
+    device_id: Any = None
+
+    async def connect(self):
+        await self.accept()
+        self.device_id = await _floor_tunnel_db.call(_floor_device_id, _bearer(self.scope))
+        if self.device_id is None:
+            await self.close(code=4401)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        await _floor_tunnel_db.call(_floor_seen, self.device_id)
+        await self.send(text_data=text_data)
+
+
 if os.environ.get("BENCH_SWITCH_INTERVAL"):
     import sys
 
@@ -192,6 +303,9 @@ application = ProtocolTypeRouter(
                 path("ws/bench-outbox", EnqueueConsumer.as_asgi()),
                 path("ws/bench-acks", AckWatchConsumer.as_asgi()),
                 path("ws/bench-call", CallConsumer.as_asgi()),
+                path("ws/floor-device", FloorDeviceConsumer.as_asgi()),
+                path("ws/floor-outbox", FloorOutboxConsumer.as_asgi()),
+                path("ws/floor-connect", FloorConnectConsumer.as_asgi()),
                 re_path(r"", ai1net_application),
             ]
         ),

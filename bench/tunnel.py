@@ -436,9 +436,12 @@ def _short(frame: str) -> str:
 # --- the rows ---------------------------------------------------------------------------------
 
 async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str], samples: int,
-                      echo_url: str, relay: tuple[str, str] | None = None) -> dict[str, list[float]]:
-    """Interleaved samples: deliver -> ack (see the module doc), echo round trip, and with ``relay``
-    (sender url, receiver url) a frame relayed through the layer from one daphne to the other."""
+                      echo_url: str, relay: tuple[str, str] | None = None,
+                      floor: bool = False) -> dict[str, list[float]]:
+    """Interleaved samples: deliver -> ack (see the module doc), echo round trip, with ``relay``
+    (sender url, receiver url) a frame relayed through the layer from one daphne to the other, and with
+    ``floor`` the same four frames and two writes on the tunnel's daphne without the product (bench_asgi's
+    floor-outbox and floor-device)."""
     device_id, token = device
     ws = await tunnel_open(tunnel_url, token)
     acks = await websockets.connect(f"{tunnel_url}/ws/bench-acks", ping_interval=None)
@@ -449,7 +452,14 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
     if relay:
         relay_out = await websockets.connect(f"{relay[0]}/ws/echo-layer?group={group}&listen=0", ping_interval=None)
         relay_in = await websockets.connect(f"{relay[1]}/ws/echo-layer?group={group}", ping_interval=None)
-    out: dict[str, list[float]] = {"deliver": [], "ack": [], "echo": [], "relay": []}
+    floor_outbox = floor_device = None
+    if floor:
+        key = uuid.uuid4().hex
+        floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}", ping_interval=None)
+        floor_outbox = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}", ping_interval=None)
+        for _ in range(200):  # its statements have their first runs (and prepared forms) on every pooled connection
+            await floor_round(floor_outbox, floor_device)
+    out: dict[str, list[float]] = {"deliver": [], "ack": [], "echo": [], "relay": [], "floor": []}
     try:
         await acks.send(device_id)
         assert await acks.recv() == "ready"
@@ -479,6 +489,10 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
                 await relay_out.send(PAYLOAD)
                 await relay_in.recv()
                 relay_done = time.perf_counter()
+            if floor_outbox is not None:
+                start_floor = time.perf_counter()
+                await floor_round(floor_outbox, floor_device)
+                floor_done = time.perf_counter()
             if k < 20:
                 continue  # warm-up
             out["deliver"].append((delivered - start) * 1000)
@@ -486,11 +500,21 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
             out["echo"].append((echo_done - start_echo) * 1000)
             if relay_out is not None:
                 out["relay"].append((relay_done - start_relay) * 1000)
+            if floor_outbox is not None:
+                out["floor"].append((floor_done - start_floor) * 1000)
     finally:
-        for sock in (ws, acks, driver, echo, relay_out, relay_in):
+        for sock in (ws, acks, driver, echo, relay_out, relay_in, floor_outbox, floor_device):
             if sock is not None:
                 await sock.close()
     return out
+
+
+async def floor_round(outbox, device) -> None:
+    """One item through the floor: sent on the outbox socket, delivered, acked, its ack recorded."""
+    await outbox.send(PAYLOAD)
+    item = json.loads(await device.recv())["params"]["seq"]
+    await device.send(json.dumps({"seq": item}))
+    assert json.loads(await outbox.recv())["acked"] == item
 
 
 async def device_calls(caller_url: str, tunnel_url: str, device: tuple[str, str], samples: int,
@@ -549,6 +573,14 @@ async def connect_rate(urls: list[str], n: int, opener, concurrency: int = 50) -
         await asyncio.gather(*[ws.close() for ws in sockets], return_exceptions=True)
 
 
+async def floor_ready(url: str, token: str):
+    ws = await websockets.connect(f"{url}/ws/floor-connect", additional_headers={"Authorization": f"Bearer {token}"},
+                                  ping_interval=None, open_timeout=60)
+    await ws.send(PAYLOAD)
+    await ws.recv()
+    return ws
+
+
 async def echo_ready(url: str, i: int):
     ws = await websockets.connect(f"{url}/ws/echo", ping_interval=None, open_timeout=60)
     await ws.send(PAYLOAD)
@@ -587,7 +619,8 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     callers = [(where, driver) for where, driver, _ in pairs]
     for where, driver, relay in pairs if "deliver" in args.rows else []:
         profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
-        got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay)
+        got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay,
+                                floor=relay is None)
         profiler.stop()
         ratio = pct(got["ack"], .99) / pct(got["echo"], .99)
         notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}"]
@@ -598,6 +631,11 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         if floor:
             notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "
                          "(the enqueue, the ack)")
+        if got["floor"]:
+            notes.append(f"the floor (the same four frames, a durable INSERT and a relaxed UPDATE, each in a "
+                         f"database thread, without the product): {ms(got['floor'])}, "
+                         f"{pct(got['floor'], .99) / pct(got['echo'], .99):.2f}x echo p99; "
+                         f"deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['floor'], .99):.2f}x the floor's")
         if relay:
             notes.append(f"the doorbell crosses over the tunnel's stream relay; a bare frame relayed from the other "
                          f"daphne through the layer instead: {ms(got['relay'])} "
@@ -619,7 +657,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
               f"p99 ratio {ratio:.2f}")
         await settle(servers)
     urls = [s.url for s in servers]
-    echo_rates, tunnel_rates, echo_cpu, tunnel_cpu = [], [], [], []
+    echo_rates, tunnel_rates, echo_cpu, tunnel_cpu, floor_rates, floor_cpu = [], [], [], [], [], []
 
     def server_cpu() -> float:
         return sum(cpu_seconds(s.proc.pid) for s in servers)
@@ -633,6 +671,11 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         profiler.stop()
         await settle(servers)
         echo_gc = collector(servers)
+        before = server_cpu()
+        floor_rates.append(await connect_rate(urls, args.connects, lambda url, i: floor_ready(url, devices[2 + i][1])))
+        floor_cpu.append((server_cpu() - before) * 1000 / args.connects)
+        await settle(servers)
+        collector(servers)
         profiler.start(f"connect-tunnel-{run}", servers)
         before = server_cpu()
         tunnel_rates.append(await connect_rate(
@@ -642,7 +685,8 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         await settle(servers)
         tunnel_gc = collector(servers)
         print(f"  connects/s, run {run + 1}: echo {echo_rates[-1]:.0f} ({echo_cpu[-1]:.2f} ms daphne CPU each), "
-              f"tunnel {tunnel_rates[-1]:.0f} ({tunnel_cpu[-1]:.2f} ms)")
+              f"floor {floor_rates[-1]:.0f} ({floor_cpu[-1]:.2f} ms), tunnel {tunnel_rates[-1]:.0f} "
+              f"({tunnel_cpu[-1]:.2f} ms)")
         print(f"    daphne's cyclic collector, sockets opened and closed: echo {echo_gc}; tunnel {tunnel_gc}")
     if not echo_rates:
         return rows
@@ -651,7 +695,11 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     notes = [f"{args.connects} sockets kept open, 50 handshakes in flight, best of {args.connect_runs} run(s); "
              "tunnel: hello answered; echo: first frame answered",
              f"daphne CPU per connect (until the last is ready, closes excluded): tunnel {min(tunnel_cpu):.2f} ms, "
-             f"echo {min(echo_cpu):.2f} ms"]
+             f"echo {min(echo_cpu):.2f} ms",
+             f"the floor (a token read after the accept and a relaxed presence write on the first frame, each in a "
+             f"database thread, without the product): {max(floor_rates):.0f} connects/s, "
+             f"{max(floor_rates) / echo_rate:.2f}x echo, {min(floor_cpu):.2f} ms daphne CPU each; "
+             f"the tunnel = {tunnel_rate / max(floor_rates):.2f}x the floor"]
     rows.append(Row(path="tunnel connects/s vs echo", config=config, measured=f"{tunnel_rate:.0f} connects/s",
                     baseline=f"echo {echo_rate:.0f} connects/s", ratio=round(ratio, 2), value=round(ratio, 2),
                     target=">= 0.7", unit="x echo", notes=notes))
