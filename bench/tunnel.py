@@ -22,12 +22,17 @@ Rows (bench/report.py):
   alternately with it. With 2 daphne: once with the enqueue on the tunnel's process, once on the
   other one (the doorbell goes to the tunnel's process over its stream relay, devices.web.relay; beside
   the direct echo, a frame sent on one daphne and received on the other through the layer: the route
-  the doorbell takes when the relay cannot take it).
+  the doorbell takes when the relay cannot take it). Beside it on the tunnel's daphne, also sampled
+  alternately, a floor: the same four frames and two writes (a durable INSERT, then the ack's UPDATE with
+  its relaxed commit), each in a database thread as the product's, without the product (bench_asgi's
+  floor-outbox and floor-device).
 - tunnel connects/s vs echo: N sockets opened (50 handshakes in flight, all kept open), each ready
   for work: the tunnel's hello answered; the echo's first frame answered. The N bridges have connected
   before, as after a platform restart (the switch sent to each and applied): the storm a platform
   holding thousands of devices meets. With 2 daphne, the sockets
-  alternate between the processes.
+  alternate between the processes. Between the echo and the tunnel in each run, a floor with the same
+  tokens: the token's device read after the accept, a relaxed presence write on the first frame, each in
+  a database thread, then the answer (bench_asgi's floor-connect).
 - with ``--rows calls`` (printed, not a row of issue 10): a platform -> device call (``device_call``, as a
   probe's command runs it) answered by the device at once, beside the echo; with 2 daphne, made on the
   tunnel's process and on the other one.
