@@ -624,11 +624,13 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     callers = [(where, driver) for where, driver, _ in pairs]
     for where, driver, relay in pairs if "deliver" in args.rows else []:
         profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
+        collector(servers)  # from here
         got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay,
                                 floor=relay is None)
         profiler.stop()
         ratio = pct(got["ack"], .99) / pct(got["echo"], .99)
-        notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}"]
+        notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}",
+                 f"daphne's cyclic collector meanwhile: {collector(servers)}"]
         path = "deliver -> ack vs echo"
         if len(servers) > 1:
             path += " (enqueued on the tunnel's daphne)" if relay is None else " (enqueued on the other daphne)"
