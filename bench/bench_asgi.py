@@ -195,7 +195,9 @@ def _floor_seen(device_id: Any) -> None:
 
 
 class _Keyed(_Lean):
-    registry: dict[str, Any] = {}
+    """A socket found by its ``?key=`` in its class's ``registry`` (each subclass names its own dict)."""
+
+    registry: dict[str, Any]
 
     async def connect(self):
         self.key = parse_qs(self.scope.get("query_string", b"").decode()).get("key", [""])[0]

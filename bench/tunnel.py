@@ -664,49 +664,43 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
               f"p99 ratio {ratio:.2f}")
         await settle(servers)
     urls = [s.url for s in servers]
-    echo_rates, tunnel_rates, echo_cpu, tunnel_cpu, floor_rates, floor_cpu = [], [], [], [], [], []
+    rates: dict[str, list[float]] = {"echo": [], "floor": [], "tunnel": []}
+    cpu: dict[str, list[float]] = {"echo": [], "floor": [], "tunnel": []}
 
     def server_cpu() -> float:
         return sum(cpu_seconds(s.proc.pid) for s in servers)
 
+    async def storm(phase: str, run: int, opener) -> str:
+        """One connect run of ``opener``: its rate and daphne's CPU per connect kept under ``phase``; returns the
+        collector's work from its start through its sockets' closes."""
+        profiler.start(f"connect-{phase}-{run}", servers)
+        before = server_cpu()
+        rates[phase].append(await connect_rate(urls, args.connects, opener))
+        cpu[phase].append((server_cpu() - before) * 1000 / args.connects)
+        profiler.stop()
+        await settle(servers)
+        return collector(servers)
+
     for run in range(args.connect_runs if "connects" in args.rows else 0):
         collector(servers)  # from here
-        profiler.start(f"connect-echo-{run}", servers)
-        before = server_cpu()
-        echo_rates.append(await connect_rate(urls, args.connects, echo_ready))
-        echo_cpu.append((server_cpu() - before) * 1000 / args.connects)
-        profiler.stop()
-        await settle(servers)
-        echo_gc = collector(servers)
-        before = server_cpu()
-        floor_rates.append(await connect_rate(urls, args.connects, lambda url, i: floor_ready(url, devices[2 + i][1])))
-        floor_cpu.append((server_cpu() - before) * 1000 / args.connects)
-        await settle(servers)
-        collector(servers)
-        profiler.start(f"connect-tunnel-{run}", servers)
-        before = server_cpu()
-        tunnel_rates.append(await connect_rate(
-            urls, args.connects, lambda url, i: tunnel_open(url, devices[2 + i][1], RESTART_ACKED_SEQ)))
-        tunnel_cpu.append((server_cpu() - before) * 1000 / args.connects)
-        profiler.stop()
-        await settle(servers)
-        tunnel_gc = collector(servers)
-        print(f"  connects/s, run {run + 1}: echo {echo_rates[-1]:.0f} ({echo_cpu[-1]:.2f} ms daphne CPU each), "
-              f"floor {floor_rates[-1]:.0f} ({floor_cpu[-1]:.2f} ms), tunnel {tunnel_rates[-1]:.0f} "
-              f"({tunnel_cpu[-1]:.2f} ms)")
+        echo_gc = await storm("echo", run, echo_ready)
+        await storm("floor", run, lambda url, i: floor_ready(url, devices[2 + i][1]))
+        tunnel_gc = await storm("tunnel", run, lambda url, i: tunnel_open(url, devices[2 + i][1], RESTART_ACKED_SEQ))
+        print(f"  connects/s, run {run + 1}: "
+              + ", ".join(f"{phase} {rates[phase][-1]:.0f} ({cpu[phase][-1]:.2f} ms daphne CPU each)" for phase in rates))
         print(f"    daphne's cyclic collector, sockets opened and closed: echo {echo_gc}; tunnel {tunnel_gc}")
-    if not echo_rates:
+    if not rates["echo"]:
         return rows
-    echo_rate, tunnel_rate = max(echo_rates), max(tunnel_rates)
+    echo_rate, floor_rate, tunnel_rate = (max(rates[phase]) for phase in rates)
     ratio = tunnel_rate / echo_rate
     notes = [f"{args.connects} sockets kept open, 50 handshakes in flight, best of {args.connect_runs} run(s); "
              "tunnel: hello answered; echo: first frame answered",
-             f"daphne CPU per connect (until the last is ready, closes excluded): tunnel {min(tunnel_cpu):.2f} ms, "
-             f"echo {min(echo_cpu):.2f} ms",
+             f"daphne CPU per connect (until the last is ready, closes excluded): tunnel {min(cpu['tunnel']):.2f} ms, "
+             f"echo {min(cpu['echo']):.2f} ms",
              f"the floor (a token read after the accept and a relaxed presence write on the first frame, each in a "
-             f"database thread, without the product): {max(floor_rates):.0f} connects/s, "
-             f"{max(floor_rates) / echo_rate:.2f}x echo, {min(floor_cpu):.2f} ms daphne CPU each; "
-             f"the tunnel = {tunnel_rate / max(floor_rates):.2f}x the floor"]
+             f"database thread, without the product): {floor_rate:.0f} connects/s, "
+             f"{floor_rate / echo_rate:.2f}x echo, {min(cpu['floor']):.2f} ms daphne CPU each; "
+             f"the tunnel = {tunnel_rate / floor_rate:.2f}x the floor"]
     rows.append(Row(path="tunnel connects/s vs echo", config=config, measured=f"{tunnel_rate:.0f} connects/s",
                     baseline=f"echo {echo_rate:.0f} connects/s", ratio=round(ratio, 2), value=round(ratio, 2),
                     target=">= 0.7", unit="x echo", notes=notes))
