@@ -250,24 +250,62 @@ class Figures:
     parallel: float
     cpu_ms_per_mib: float = 0.0  # CPU of the path's own processes per MiB downloaded (none for the direct path)
     cpu_ms_per_request: float = 0.0  # the same per small request (8 clients)
+    kernel_ms_per_mib: float = 0.0  # of cpu_ms_per_mib, the time in the kernel (system calls, socket copies)
+    client_ms_per_mib: float = 0.0  # the downloading client's CPU (this process's thread) per MiB
+    service_ms_per_mib: float = 0.0  # the local service's CPU per MiB
+    busy_cores: float = 0.0  # CPU of the client, the local service and the path's processes over the downloads' wall time
+
+    @property
+    def total_ms_per_mib(self) -> float:
+        """CPU per MiB of every process a download crosses."""
+        return self.cpu_ms_per_mib + self.client_ms_per_mib + self.service_ms_per_mib
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def machine_cores() -> int:
+    """The cores this benchmark and the processes it starts may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def cpu_ceiling(figures: Figures, cores: int) -> float:
+    """MiB/s a download could reach if every process on its way kept ``cores`` cores fully busy between them."""
+    return cores * 1000 / figures.total_ms_per_mib if figures.total_ms_per_mib else 0.0
+
+
+def cpu_budget_note(through: Figures, direct: Figures, cores: int, target: float = 0.5) -> str:
+    """Where a download's CPU goes, what the machine's cores allow at most, and what the target would need of
+    daphne + bridge: the CPU floor of the download row."""
+    needed = target * direct.mibs
+    budget = cores * 1000 / needed - through.client_ms_per_mib - through.service_ms_per_mib
+    return (f"CPU per MiB: daphne + bridge {through.cpu_ms_per_mib:.2f} ({through.kernel_ms_per_mib:.2f} of it in the "
+            f"kernel), client {through.client_ms_per_mib:.2f}, "
+            f"local service {through.service_ms_per_mib:.2f} = {through.total_ms_per_mib:.2f} ms "
+            f"(direct: client {direct.client_ms_per_mib:.2f} + local service {direct.service_ms_per_mib:.2f}); "
+            f"{through.busy_cores:.2f} of {cores} cores busy meanwhile; with all {cores} busy, at most "
+            f"{cpu_ceiling(through, cores):.0f} MiB/s ({cpu_ceiling(through, cores) / direct.mibs:.2f}x direct); "
+            f"{target}x direct ({needed:.0f} MiB/s) needs daphne + bridge at {budget:.2f} ms per MiB or less")
+
+
+def cpu_seconds(pids: list[int], *, kernel_only: bool = False) -> float:
+    """CPU time of ``pids`` (user + system, or with ``kernel_only`` the system time: system calls, socket copies)."""
     total = 0.0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total += (int(fields[12]) + (0 if kernel_only else int(fields[11]))) / os.sysconf("SC_CLK_TCK")
     return total
 
 
 def measure(clients: dict[str, httpx.Client], args: argparse.Namespace,
-            pids: dict[str, list[int]]) -> dict[str, Figures]:
+            pids: dict[str, list[int]], service: int) -> dict[str, Figures]:
     """Every figure of every client, run by run in turn (through, direct, through, direct ...), so a
     change of load on the machine hits both sides of a ratio alike. ``pids``: by client, the processes
-    whose CPU is that path's own (none for the direct one)."""
+    whose CPU is that path's own (none for the direct one); ``service``: the local service's pid."""
     size = args.mb * MIB
     downloads: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
     cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
+    cpu_kernel: dict[str, float] = dict.fromkeys(clients, 0.0)
+    cpu_client: dict[str, float] = dict.fromkeys(clients, 0.0)
+    cpu_service: dict[str, float] = dict.fromkeys(clients, 0.0)
+    wall: dict[str, float] = dict.fromkeys(clients, 0.0)
     cpu_small: dict[str, float] = dict.fromkeys(clients, 0.0)
     serial: dict[str, list[float]] = {name: [] for name in clients}
     parallel: dict[str, list[float]] = {name: [] for name in clients}
@@ -275,9 +313,15 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace,
         download(client, 8 * MIB)  # warm up both ends
     for _ in range(args.runs):
         for name, client in clients.items():
-            before = cpu_seconds(pids[name])
+            before, before_service = cpu_seconds(pids[name]), cpu_seconds([service])
+            before_kernel = cpu_seconds(pids[name], kernel_only=True)
+            before_client, started = time.thread_time(), time.perf_counter()  # httpx reads in this thread
             downloads[name].append(download(client, size))
+            wall[name] += time.perf_counter() - started
+            cpu_client[name] += time.thread_time() - before_client
+            cpu_service[name] += cpu_seconds([service]) - before_service
             cpu[name] += cpu_seconds(pids[name]) - before
+            cpu_kernel[name] += cpu_seconds(pids[name], kernel_only=True) - before_kernel
     for _ in range(max(1, args.runs // 2)):
         for name, client in clients.items():
             serial[name].append(small_serial(client, args.small // 2))
@@ -287,10 +331,14 @@ def measure(clients: dict[str, httpx.Client], args: argparse.Namespace,
             parallel[name].append(small_parallel(client, args.small))
             cpu_small[name] += cpu_seconds(pids[name]) - before
     median = statistics.median
+    mibs = size / MIB * args.runs
     return {name: Figures(median(r[0] for r in downloads[name]), median(r[1] for r in downloads[name]),
                           median(serial[name]), median(parallel[name]),
-                          1000 * cpu[name] / (size / MIB * args.runs),
-                          1000 * cpu_small[name] / (args.small * args.runs))
+                          1000 * cpu[name] / mibs,
+                          1000 * cpu_small[name] / (args.small * args.runs),
+                          1000 * cpu_kernel[name] / mibs, 1000 * cpu_client[name] / mibs,
+                          1000 * cpu_service[name] / mibs,
+                          (cpu[name] + cpu_client[name] + cpu_service[name]) / wall[name])
             for name in clients}
 
 
@@ -389,6 +437,7 @@ def print_pair(label: str, through: Figures, direct: Figures, floor: Figures, mb
     print(f"  {'CPU of the path (ms per request)':34} {through.cpu_ms_per_request:12.2f} {'':12} {'':7} "
           f"{floor.cpu_ms_per_request:12.2f}")
     print("  (CPU of the path: daphne + bridge through the tunnel, the relay's two processes for the bare relay)")
+    print(f"  download's CPU budget: {cpu_budget_note(through, direct, machine_cores())}")
 
 
 def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb: int, note: str = "") -> list[Row]:
@@ -401,7 +450,7 @@ def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb:
         Row(f"device web {mb} MB download vs direct", config, f"{through.mibs:.1f} MiB/s",
             f"direct {direct.mibs:.1f} MiB/s", down, down, ">= 0.5", "x direct",
             [f"first byte {through.first_ms:.2f} ms through vs {direct.first_ms:.2f} ms direct ({first:.2f}x)",
-             f"daphne + bridge CPU {through.cpu_ms_per_mib:.2f} ms per MiB",
+             cpu_budget_note(through, direct, machine_cores()),
              f"{bare} {floor.mibs:.1f} MiB/s ({floor.mibs / direct.mibs:.2f}x direct), "
              f"its two processes' CPU {floor.cpu_ms_per_mib:.2f} ms per MiB", *extra]),
         Row("device web first byte vs direct", config, f"{through.first_ms:.2f} ms p50",
@@ -450,6 +499,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
             print(f"\n== {config}: {layer} channel layer, {daphnes} daphne; median of {args.runs} runs; "
                   f"ratio = through the tunnel / straight to the local service", flush=True)
             platform = [proc.pid for proc in world.procs if "upstream.py" not in " ".join(map(str, proc.args))]
+            service = next(proc.pid for proc in world.procs if "upstream.py" in " ".join(map(str, proc.args)))
             floor_client, floor_pids = bare_relay(world)
             clients = {"through": tunnel, "direct": direct, "floor": floor_client}
             pids = {"through": platform, "direct": [], "floor": floor_pids}
@@ -457,7 +507,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
                 clients["cross"] = browser(world, world.servers[1])
                 pids["cross"] = platform
             ws_figures(world, clients, args.ws_samples)
-            figures = measure(clients, args, pids)
+            figures = measure(clients, args, pids, service)
             through, straight, floor = figures["through"], figures["direct"], figures["floor"]
             if daphnes == 1:
                 print_pair(f"{config}", through, straight, floor, args.mb)
