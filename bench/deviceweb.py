@@ -440,6 +440,9 @@ def print_pair(label: str, through: Figures, direct: Figures, floor: Figures, mb
     print(f"  download's CPU budget: {cpu_budget_note(through, direct, machine_cores())}")
 
 
+BARE_FLOOR = "the bare relay"
+
+
 def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb: int, note: str = "") -> list[Row]:
     down = through.mibs / direct.mibs
     first = through.first_ms / direct.first_ms if direct.first_ms else 0.0
@@ -452,17 +455,20 @@ def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb:
             [f"first byte {through.first_ms:.2f} ms through vs {direct.first_ms:.2f} ms direct ({first:.2f}x)",
              cpu_budget_note(through, direct, machine_cores()),
              f"{bare} {floor.mibs:.1f} MiB/s ({floor.mibs / direct.mibs:.2f}x direct), "
-             f"its two processes' CPU {floor.cpu_ms_per_mib:.2f} ms per MiB", *extra]),
+             f"its two processes' CPU {floor.cpu_ms_per_mib:.2f} ms per MiB", *extra],
+            BARE_FLOOR, round(floor.mibs / direct.mibs, 2)),
         Row("device web first byte vs direct", config, f"{through.first_ms:.2f} ms p50",
             f"direct {direct.first_ms:.2f} ms p50", first, first, "<= 3", "x direct",
-            [f"{bare} {floor.first_ms:.2f} ms p50 ({floor.first_ms / direct.first_ms:.2f}x direct)", *extra]),
+            [f"{bare} {floor.first_ms:.2f} ms p50 ({floor.first_ms / direct.first_ms:.2f}x direct)", *extra],
+            BARE_FLOOR, round(floor.first_ms / direct.first_ms, 2) if direct.first_ms else None),
         Row("device web small requests, 8 clients vs direct", config, f"{through.parallel:.0f} req/s",
             f"direct {direct.parallel:.0f} req/s", small, small, ">= 0.4", "x direct",
             [f"1 client in a row: {through.serial:.0f} vs {direct.serial:.0f} req/s "
              f"({through.serial / direct.serial:.2f}x)",
              f"daphne + bridge CPU {through.cpu_ms_per_request:.2f} ms per request",
              f"{bare} {floor.parallel:.0f} req/s ({floor.parallel / direct.parallel:.2f}x direct), "
-             f"its two processes' CPU {floor.cpu_ms_per_request:.2f} ms per request", *extra]),
+             f"its two processes' CPU {floor.cpu_ms_per_request:.2f} ms per request", *extra],
+            BARE_FLOOR, round(floor.parallel / direct.parallel, 2)),
     ]
 
 

@@ -28,11 +28,23 @@ class Row:
     target: str  # e.g. "<= 60" (same unit as value)
     unit: str = ""  # unit of value and target, e.g. "ms p99", "x echo p99", "x direct"
     notes: list[str] = field(default_factory=list)
+    # The least this path costs on this stack without the product (for a rate: the most it can reach), measured
+    # in the same run and in the target's unit, with what it is ("" and None where a row has none).
+    floor: str = ""  # e.g. "the stack alone", "bare relay"
+    floor_value: float | None = None
 
     @property
     def met(self) -> bool:
+        return self._meets(self.value)
+
+    @property
+    def floor_met(self) -> bool | None:
+        """Whether the floor itself meets the target: where it does not, neither can the row on this machine."""
+        return None if self.floor_value is None else self._meets(self.floor_value)
+
+    def _meets(self, value: float) -> bool:
         op, limit = self.target.split()
-        return _COMPARE[op](self.value, float(limit))
+        return _COMPARE[op](value, float(limit))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -64,12 +76,19 @@ def load(path: str | Path) -> list[Row]:
 
 def table(rows: list[Row]) -> str:
     """The rows as a Markdown table (README's Performance section quotes it as printed)."""
-    head = ["path", "config", "measured", "baseline (same run)", "ratio", "target", "met"]
+    head = ["path", "config", "measured", "baseline (same run)", "ratio", "target", "met", "floor (same run)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
         target = f"{row.target} {row.unit}".strip()
+        floor = "" if row.floor_value is None else (
+            f"{row.floor} {row.floor_value:.2f}: {'meets' if row.floor_met else 'misses'} the target")
         lines.append(f"| {row.path} | {row.config} | {row.measured} | {row.baseline} | {ratio} | {target} | "
-                     f"{'yes' if row.met else 'NO'} |")
+                     f"{'yes' if row.met else 'NO'} | {floor} |")
+    unmet = [row for row in rows if not row.met]
+    missing = sum(row.floor_met is False for row in unmet)
+    summary = (f"{len(rows) - len(unmet)} of {len(rows)} rows met; of the {len(unmet)} unmet, {missing} with a floor "
+               f"that misses the target too, {sum(row.floor_met is True for row in unmet)} with a floor that meets "
+               f"it, {sum(row.floor_met is None for row in unmet)} without a floor")
     notes = [f"- {row.path} ({row.config}): {note}" for row in rows for note in row.notes]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + ["", summary] + ([""] + notes if notes else []))

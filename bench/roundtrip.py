@@ -559,6 +559,7 @@ def report_rows(config: str, echo: list[float], startup: dict[str, list[float]],
         measured=f"median {pct(server, 0.5):.2f} / p99 {pct(server, 0.99):.2f} ms (n={len(server)})",
         baseline=baseline, ratio=round(pct(server, 0.5) / e50, 1), value=round(pct(server, 0.5), 2),
         target=f"<= {TARGETS['post']:g}", unit="ms median",
+        floor="the stack alone (/bench/floor)", floor_value=round(pct(world.floor_ms, 0.5), 2) if world.floor_ms else None,
         notes=["Server-Timing: daphne's ASGI call -> response start (middleware, session, view, service, "
                "commit), bench/roundtrip_asgi.py",
                f"CPU time of the phone's daphne process meanwhile: median {pct(world.server_cpu_ms or [0.0], 0.5):.2f}"
