@@ -46,6 +46,11 @@ class Row:
         op, limit = self.target.split()
         return _COMPARE[op](value, float(limit))
 
+    def shown(self, value: float) -> str:
+        """``value`` to two decimals, or three where two would round it across the target (0.4994 is not 0.50)."""
+        two = f"{value:.2f}"
+        return two if self._meets(float(two)) == self._meets(value) else f"{value:.3f}"
+
 
 def pct(values: list[float], q: float) -> float:
     """The q-quantile of values (nearest rank), as every benchmark reports its p50 and p99."""
@@ -79,10 +84,10 @@ def table(rows: list[Row]) -> str:
     head = ["path", "config", "measured", "baseline (same run)", "ratio", "target", "met", "floor (same run)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
+        ratio = "" if row.ratio is None else row.shown(row.ratio) if row.ratio == row.value else f"{row.ratio:.2f}"
         target = f"{row.target} {row.unit}".strip()
         floor = "" if row.floor_value is None else (
-            f"{row.floor} {row.floor_value:.2f}: {'meets' if row.floor_met else 'misses'} the target")
+            f"{row.floor} {row.shown(row.floor_value)}: {'meets' if row.floor_met else 'misses'} the target")
         lines.append(f"| {row.path} | {row.config} | {row.measured} | {row.baseline} | {ratio} | {target} | "
                      f"{'yes' if row.met else 'NO'} | {floor} |")
     unmet = [row for row in rows if not row.met]
