@@ -28,8 +28,8 @@ class Row:
     target: str  # e.g. "<= 60" (same unit as value)
     unit: str = ""  # unit of value and target, e.g. "ms p99", "x echo p99", "x direct"
     notes: list[str] = field(default_factory=list)
-    # The least this path costs on this stack without the product (for a rate: the most it can reach), measured
-    # in the same run and in the target's unit, with what it is ("" and None where a row has none).
+    # The same path without the product, measured in the same run and in the target's unit (for a time the least
+    # it takes, for a rate the most it reaches), with what it is ("" and None where a row has none).
     floor: str = ""  # e.g. "the stack alone", "bare relay"
     floor_value: float | None = None
 
@@ -39,7 +39,8 @@ class Row:
 
     @property
     def floor_met(self) -> bool | None:
-        """Whether the floor itself meets the target: where it does not, neither can the row on this machine."""
+        """Whether the floor itself meets the target (where it does not, the path without the product missed it
+        too in that run)."""
         return None if self.floor_value is None else self._meets(self.floor_value)
 
     def _meets(self, value: float) -> bool:
