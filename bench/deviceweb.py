@@ -5,7 +5,9 @@
     .venv/bin/python bench/deviceweb.py --config embedded --runs 5 --small 1000
 
 Each configuration starts its own world in a temporary folder: daphne (bench.settings_bench: DEBUG off),
-the local service of tests/deviceweb/upstream.py and a bridge that exposes it.
+the local service of tests/deviceweb/upstream.py and a bridge that exposes it, run as users run it: from
+its ``.pyz`` (built from the checkout for the run) on a bare interpreter (``-I -S``), where websockets' C
+masking comes from the archive (clients/masking.py); ``--bridge-checkout`` runs ``python -m clients.bridge``.
 
 - ``embedded``: a SQLite file and the in-memory channel layer, one daphne.
 - ``pg+redis, 2 daphne``: a fresh PostgreSQL database on 127.0.0.1:5432 and the Redis channel layer,
@@ -196,7 +198,7 @@ def build(world: World, daphnes: int, bridge_pyz: str | None = None) -> None:
     world.device_id = made["device_id"]
     client_env = {k: v for k, v in env.items()
                   if not k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "AI1NET_REDIS"))}
-    # From the checkout (websockets' C masking), or as users run it: the .pyz on a bare interpreter.
+    # As users run it, the .pyz on a bare interpreter, or from the checkout (--bridge-checkout).
     bridge = [PY, "-I", "-S", bridge_pyz] if bridge_pyz else [PY, "-m", "clients.bridge"]
     world.start([*bridge, "--home", str(home), "run", "--expose", str(world.web_port), "--expose", str(world.ws_port)],
                 "bridge.log", env=client_env)
@@ -565,9 +567,17 @@ def main() -> None:
     parser.add_argument("--hold", action="store_true", help="keep each world up after measuring (profiling)")
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument("--bridge-pyz", default=None, metavar="PATH",
-                        help="run the bridge from this .pyz on a bare interpreter (-I -S), as users do")
+                        help="run the bridge from this .pyz on a bare interpreter (-I -S), as users do (default: "
+                             "one built from the checkout for this run)")
+    parser.add_argument("--bridge-checkout", action="store_true",
+                        help="run the bridge from the checkout (python -m clients.bridge) instead of a .pyz")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
+    built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
+    if args.bridge_pyz is None and not args.bridge_checkout:
+        from clients.build import build as build_clients
+
+        args.bridge_pyz = str(next(path for path in build_clients(Path(built.name)) if path.stem == "ai1net-bridge"))
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)
     args.ws_samples = args.ws_samples or (150 if args.quick else 600)
@@ -576,7 +586,10 @@ def main() -> None:
                  "PYTHONUNBUFFERED": "1"})
     configs = [EMBEDDED, SCALED] if args.config == "both" else [EMBEDDED if args.config == "embedded" else SCALED]
     started = time.monotonic()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; device web through the tunnel vs direct")
+    bridge = f"the bridge from {args.bridge_pyz} (-I -S), as users run it" if args.bridge_pyz else \
+        "the bridge from the checkout"
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; device web through the tunnel vs direct; "
+          f"{bridge}")
     rows: list[Row] = []
     for config in configs:
         rows += run_config(config, base, args)
@@ -585,6 +598,7 @@ def main() -> None:
     for row in rows:
         print(f"  {row.path} [{row.config}]: {row.value:.3f} {row.unit} (target {row.target}: "
               f"{'met' if row.met else 'NOT met'}){'; ' + '; '.join(row.notes) if row.notes else ''}")
+    built.cleanup()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import py_compile
 import shutil
@@ -15,6 +16,9 @@ CLIENTS = {"ai1net-bridge": "clients.bridge", "ai1net-probe": "clients.probe"}
 # C speedups are absent; qrcode draws the pairing QR in the terminal (PNG/PIL backends unused).
 VENDORED = ["websockets", "qrcode"]
 VENDOR_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "tests")
+# ... but for websockets' C masking as built for this interpreter (its full tag in the name), which
+# clients/masking.py loads from the archive where the interpreter running it has the same tag.
+NATIVE = {"websockets": "speedups"}
 ROOT = Path(__file__).resolve().parent
 # What runs on every hook event (``python -I -S ai1net-bridge.pyz … hook``): shipped compiled as well.
 HOT_MODULES = {"ai1net-bridge": ("clients.__init__", "clients.bridge.__init__", "clients.bridge.__main__",
@@ -34,6 +38,7 @@ def build(out_dir: Path) -> list[Path]:
                 spec = importlib.util.find_spec(dep)
                 assert spec and spec.origin, dep
                 shutil.copytree(Path(spec.origin).parent, stage / dep, ignore=VENDOR_IGNORE)
+                _carry_native(Path(spec.origin).parent, stage / dep, NATIVE.get(dep))
             _precompile(stage, HOT_MODULES.get(name, ()))
             target = out_dir / f"{name}.pyz"
             zipapp.create_archive(
@@ -41,6 +46,15 @@ def build(out_dir: Path) -> list[Path]:
             )
             built.append(target)
     return built
+
+
+def _carry_native(source: Path, target: Path, module: str | None) -> None:
+    """The C extension ``module`` of a vendored package as this interpreter loads it, when it has one."""
+    if module is None:
+        return
+    name = module + importlib.machinery.EXTENSION_SUFFIXES[0]
+    if (source / name).is_file():
+        shutil.copyfile(source / name, target / name)
 
 
 def _precompile(stage: Path, modules: tuple[str, ...]) -> None:

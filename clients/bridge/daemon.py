@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, TextIO, Tuple
 
+from clients import masking
 from clients.bridge import __version__
 from clients.common.credentials import Credential
 from clients.common.tunnel import FinalCloseError, MethodNotFound, Tunnel
@@ -294,7 +295,8 @@ class BridgeDaemon:
                 await hook(self)
             for seq, kind, payload in self.inbox.unhandled():
                 await self._handle(seq, kind, payload)  # stored before a crash, never handled
-            log.info("bridge %s: device %s -> %s", __version__, self.credential.device_id, self.tunnel.ws_url)
+            log.info("bridge %s: device %s -> %s (WebSocket masking: %s)", __version__, self.credential.device_id,
+                     self.tunnel.ws_url, masking.mode())
             await self.tunnel.run()
             return 0
         except FinalCloseError as exc:
