@@ -20,7 +20,8 @@ matching Origin), a bridge is paired through the JSON API and its daemon runs. T
 time, in one agent session:
 
 - leg 1 (hook):  t0 = the hook process is started, with the command line ``hooks install`` writes
-                 (``python -S -m clients.bridge --home H hook --window 120 --answer-style allow``),
+                 (``python -I -S -c <the hook's entry> ai1net-bridge.pyz --home H hook --window 120
+                 --answer-style allow``),
                  PreToolUse AskUserQuestion on stdin -> t1 = the phone's socket receives
                  ``mobile.question.created``; includes the interpreter start-up of the hook;
 - leg 2 (hook):  the phone POSTs /api/mobile/answer (CSRF) -> t2 = the hook prints its JSON line;
@@ -29,6 +30,10 @@ time, in one agent session:
 - leg 2 (local): the phone POSTs the answer -> the pending POST /v1/questions/wait returns it.
 - server time of one answer POST: the ``Server-Timing`` of every answer POST above (median).
 Each question starts 50 ms after the previous one ended (``settle()``), as in use.
+
+The bridge and its hook run as users run them: from the ``.pyz`` (built from the checkout for the run) on a
+bare interpreter (``-I -S``); ``--client checkout`` runs ``python -m clients.bridge`` and the checkout's
+``clients/bridge/run_hook.py``, as ``hooks install`` from a checkout writes.
 
 Start-up: the hook with AI1NET_MOBILE_OFF=1 (spawn -> exit: reads stdin, imports its modules, asks
 nobody), sampled alternately with a bare interpreter (``python -S -c pass`` and ``python -c pass``).
@@ -68,7 +73,7 @@ import websockets  # noqa: E402
 from bench import daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
-from clients.bridge.hooks_install import hook_command, precompile_hook  # noqa: E402
+from clients.bridge.hooks_install import hook_command, precompile_hook, pyz_launcher  # noqa: E402
 
 PAYLOAD = json.dumps({"kind": "echo", "pad": "x" * 173})  # 200 bytes
 PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -90,6 +95,12 @@ def free_port() -> int:
 
 def ms(start: float, end: float) -> float:
     return (end - start) * 1000
+
+
+# How the bridge and its hook start (``--client``; main() sets them): the bridge's argv before its command,
+# and the hook's launcher (None: ``hooks install``'s default from a checkout, clients/bridge/run_hook.py).
+BRIDGE = [sys.executable, "-m", "clients.bridge"]
+HOOK_LAUNCHER: str | None = None
 
 
 def client_env() -> dict[str, str]:
@@ -246,7 +257,7 @@ class World:
         if login.status_code != 302:
             raise SystemExit(f"login failed: {login.status_code} {login.text[:300]}")
         await self.pair()
-        daemon = Proc([sys.executable, "-m", "clients.bridge", "--home", str(self.home), "run"],
+        daemon = Proc([*BRIDGE, "--home", str(self.home), "run"],
                       self.workdir / "bridge.log", client_env())
         self.procs.append(daemon)
         await wait_for(lambda: (self.home / "local.json").exists(), 30, "the daemon's local API")
@@ -265,7 +276,7 @@ class World:
         self.reader = asyncio.create_task(self._read())
 
     async def pair(self) -> None:
-        pairing = Proc([sys.executable, "-m", "clients.bridge", "--home", str(self.home), "pair", self.bridge_url,
+        pairing = Proc([*BRIDGE, "--home", str(self.home), "pair", self.bridge_url,
                         "--name", "bench-desk"], self.workdir / "pair.log", client_env())
         self.procs.append(pairing)
         match = await wait_for(lambda: re.search(r"code: ([A-Z0-9]{4}-[A-Z0-9]{4})", pairing.log()), 30,
@@ -362,8 +373,9 @@ async def echo_rtt(url: str, samples: int) -> list[float]:
 def hook_argv(world: World) -> tuple[list[str], dict[str, str]]:
     """The command ``hooks install`` writes into settings.json (from this checkout), as argv + env, with
     the bytecode ``hooks install`` writes (this environment sets PYTHONDONTWRITEBYTECODE)."""
-    precompile_hook()
-    words = shlex.split(hook_command(home=world.home, window=120, style="allow"))
+    if HOOK_LAUNCHER is None:
+        precompile_hook()
+    words = shlex.split(hook_command(home=world.home, launcher=HOOK_LAUNCHER, window=120, style="allow"))
     env = client_env()
     while words and "=" in words[0] and not words[0].startswith(("/", "-")):
         name, value = words.pop(0).split("=", 1)
@@ -581,8 +593,18 @@ async def main() -> None:
     parser.add_argument("--config", choices=["embedded", "scaled", "both"], default="both")
     parser.add_argument("--json", help="append the rows of issue 10 to this file (bench/report.py)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp folder with the processes' logs")
+    parser.add_argument("--client", choices=["pyz", "checkout"], default="pyz",
+                        help="run the bridge and its hook from a .pyz built for the run (as users do), or the checkout")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
+    global HOOK_LAUNCHER
+    built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
+    if args.client == "pyz":
+        from clients.build import build as build_clients
+
+        pyz = str(next(path for path in build_clients(Path(built.name)) if path.stem == "ai1net-bridge"))
+        BRIDGE[:] = [sys.executable, "-I", "-S", pyz]
+        HOOK_LAUNCHER = pyz_launcher(pyz, sys.executable)
     if args.questions is None:
         args.questions = QUICK_QUESTIONS if args.quick else 300
     if args.questions < 1:
@@ -591,7 +613,8 @@ async def main() -> None:
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1", "AI1NET_PAIRING_INTERVAL_SEC": "1", "AI1NET_MOBILE_REPLY": "1"})
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.questions} questions per leg "
-          f"(+{3 if args.quick else WARMUP} warm-up), hook and local-API questions interleaved, one at a time")
+          f"(+{3 if args.quick else WARMUP} warm-up), hook and local-API questions interleaved, one at a time; the "
+          f"bridge and its hook from {'a .pyz built for the run, as users run them' if args.client == 'pyz' else 'the checkout'}")
     configs = ["embedded", "scaled"] if args.config == "both" else [args.config]
     rows: list[Row] = []
     for config in configs:
