@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -33,3 +34,26 @@ def daphne_env(env: dict[str, str], index: int) -> dict[str, str]:
         return env
     cpus = sorted(os.sched_getaffinity(0))
     return {**env, "AI1NET_CPU": str(cpus[index % len(cpus)])}
+
+
+def cpu_times(pids: list[int]) -> tuple[float, float]:
+    """CPU seconds of ``pids``: (user + system, system alone: their system calls and socket copies)."""
+    user = system = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        user, system = user + int(fields[11]), system + int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + system) / tick, system / tick
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    return cpu_times(pids)[0]
+
+
+def bridge_pyz(out: Path) -> str:
+    """The bridge's ``.pyz`` built from the checkout into ``out`` (what users run), for one benchmark run: never a
+    stale ``static/downloads`` file."""
+    from clients.build import build
+
+    (built,) = build(out, names=("ai1net-bridge",))
+    return str(built)

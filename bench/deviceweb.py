@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench import daphne_env, stop_cleanly_on_sigterm  # noqa: E402
+from bench import bridge_pyz, cpu_seconds, cpu_times, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, p50_p99, pct  # noqa: E402
 from clients.common.credentials import Credential, save_credential  # noqa: E402
 
@@ -285,20 +285,6 @@ def cpu_budget_note(through: Figures, direct: Figures, cores: int, target: float
             f"{through.busy_cores:.2f} of {cores} cores busy meanwhile; with all {cores} busy, at most "
             f"{cpu_ceiling(through, cores):.0f} MiB/s ({cpu_ceiling(through, cores) / direct.mibs:.2f}x direct); "
             f"{target}x direct ({needed:.0f} MiB/s) needs daphne + bridge at {budget:.2f} ms per MiB or less")
-
-
-def cpu_times(pids: list[int]) -> tuple[float, float]:
-    """CPU seconds of ``pids``: (user + system, system alone: their system calls and socket copies)."""
-    user = system = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        user, system = user + int(fields[11]), system + int(fields[12])
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + system) / tick, system / tick
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    return cpu_times(pids)[0]
 
 
 def measure(clients: dict[str, httpx.Client], args: argparse.Namespace,
@@ -575,9 +561,7 @@ def main() -> None:
     stop_cleanly_on_sigterm()
     built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
     if args.bridge_pyz is None and not args.bridge_checkout:
-        from clients.build import build as build_clients
-
-        args.bridge_pyz = str(next(path for path in build_clients(Path(built.name)) if path.stem == "ai1net-bridge"))
+        args.bridge_pyz = bridge_pyz(Path(built.name))
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)
     args.ws_samples = args.ws_samples or (150 if args.quick else 600)

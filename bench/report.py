@@ -92,9 +92,8 @@ def table(rows: list[Row]) -> str:
         lines.append(f"| {row.path} | {row.config} | {row.measured} | {row.baseline} | {ratio} | {target} | "
                      f"{'yes' if row.met else 'NO'} | {floor} |")
     unmet = [row for row in rows if not row.met]
-    missing = sum(row.floor_met is False for row in unmet)
-    summary = (f"{len(rows) - len(unmet)} of {len(rows)} rows met; of the {len(unmet)} unmet, {missing} with a floor "
-               f"that misses the target too, {sum(row.floor_met is True for row in unmet)} with a floor that meets "
-               f"it, {sum(row.floor_met is None for row in unmet)} without a floor")
+    misses, meets, none = (sum(row.floor_met is state for row in unmet) for state in (False, True, None))
+    summary = (f"{len(rows) - len(unmet)} of {len(rows)} rows met; of the {len(unmet)} unmet, {misses} with a floor "
+               f"that misses the target too, {meets} with a floor that meets it, {none} without a floor")
     notes = [f"- {row.path} ({row.config}): {note}" for row in rows for note in row.notes]
     return "\n".join(lines + ["", summary] + ([""] + notes if notes else []))

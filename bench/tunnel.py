@@ -68,7 +68,7 @@ VENV_BIN = Path(sys.executable).parent
 
 import websockets  # noqa: E402
 
-from bench import daphne_env, stop_cleanly_on_sigterm  # noqa: E402
+from bench import cpu_seconds, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from bench.report import p50_p99 as ms  # noqa: E402
 from clients import protocol  # noqa: E402
@@ -351,18 +351,13 @@ def collector(servers: list[Server]) -> str:
             f"{sum(f['ms'] for f in figures):.0f} ms in all, the longest {max(f['longest_ms'] for f in figures):.0f} ms")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def settle(servers: list[Server], timeout: float = 30.0) -> None:
     """Wait until the servers are idle again (closes written, sweeps done): under 5 % CPU for 0.5 s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = [cpu_seconds(s.proc.pid) for s in servers]
+        before = [cpu_seconds([s.proc.pid]) for s in servers]
         await asyncio.sleep(0.5)
-        if all(cpu_seconds(s.proc.pid) - b < 0.025 for s, b in zip(servers, before, strict=True)):
+        if all(cpu_seconds([s.proc.pid]) - b < 0.025 for s, b in zip(servers, before, strict=True)):
             return
 
 
@@ -638,10 +633,11 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         if floor:
             notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "
                          "(the enqueue, the ack)")
-        if got["floor"]:
+        floor_ratio = pct(got["floor"], .99) / pct(got["echo"], .99) if got["floor"] else None
+        if floor_ratio is not None:
             notes.append(f"the floor (the same four frames, a durable INSERT and a relaxed UPDATE, each in a "
                          f"database thread, without the product): {ms(got['floor'])}, "
-                         f"{pct(got['floor'], .99) / pct(got['echo'], .99):.2f}x echo p99; "
+                         f"{floor_ratio:.2f}x echo p99; "
                          f"deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['floor'], .99):.2f}x the floor's")
         if relay:
             notes.append(f"the doorbell crosses over the tunnel's stream relay; a bare frame relayed from the other "
@@ -650,7 +646,6 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         print(f"  {path}: {ms(got['ack'])}; {baseline}; p99 ratio {ratio:.2f}")
         for note in notes:
             print(f"    {note}")
-        floor_ratio = pct(got["floor"], .99) / pct(got["echo"], .99) if got["floor"] else None
         rows.append(Row(path=path, config=config, measured=ms(got["ack"]), baseline=baseline, ratio=round(ratio, 2),
                         value=round(ratio, 2), target="<= 3", unit="x echo p99", notes=notes,
                         floor="frames and writes without the product" if floor_ratio is not None else "",
@@ -671,7 +666,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     cpu: dict[str, list[float]] = {"echo": [], "floor": [], "tunnel": []}
 
     def server_cpu() -> float:
-        return sum(cpu_seconds(s.proc.pid) for s in servers)
+        return cpu_seconds([s.proc.pid for s in servers])
 
     async def storm(phase: str, run: int, opener) -> str:
         """One connect run of ``opener``: its rate and daphne's CPU per connect kept under ``phase``; returns the

@@ -9,6 +9,7 @@ import py_compile
 import shutil
 import tempfile
 import zipapp
+from collections.abc import Iterable
 from pathlib import Path
 
 CLIENTS = {"ai1net-bridge": "clients.bridge", "ai1net-probe": "clients.probe"}
@@ -25,11 +26,12 @@ HOT_MODULES = {"ai1net-bridge": ("clients.__init__", "clients.bridge.__init__", 
                                  "clients.bridge.hook", "clients.bridge.permission_hook")}
 
 
-def build(out_dir: Path) -> list[Path]:
+def build(out_dir: Path, names: Iterable[str] | None = None) -> list[Path]:
+    """Each client's ``.pyz`` in ``out_dir`` (only those in ``names``, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     built = []
     for name, module in CLIENTS.items():
-        if not _has_entry_point(module):
+        if (names is not None and name not in names) or not _has_entry_point(module):
             continue  # that client is not written yet
         with tempfile.TemporaryDirectory() as tmp:
             stage = Path(tmp)

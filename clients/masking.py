@@ -78,11 +78,10 @@ def c_mask_from_archive() -> Optional[Callable[[BytesLike, bytes], bytes]]:
         while view:
             view = view[os.write(fd, view):]
         # dlopen maps the file: once loaded, the descriptor may close.
-        extension = importlib.machinery.ExtensionFileLoader("websockets.speedups", "/proc/self/fd/%d" % fd)
-        spec = importlib.util.spec_from_loader("websockets.speedups", extension)
-        if spec is None:
-            return None
-        module = importlib.util.module_from_spec(spec)
+        path = "/proc/self/fd/%d" % fd
+        extension = importlib.machinery.ExtensionFileLoader("websockets.speedups", path)
+        module = importlib.util.module_from_spec(importlib.machinery.ModuleSpec("websockets.speedups", extension,
+                                                                                origin=path))
         extension.exec_module(module)
         c_mask = module.apply_mask
         if c_mask(b"\x00\x01\x02\x03\x04", b"abcd") != _fallback(b"\x00\x01\x02\x03\x04", b"abcd"):
