@@ -50,10 +50,10 @@ def cpu_seconds(pids: list[int]) -> float:
     return cpu_times(pids)[0]
 
 
-def bridge_pyz(out: Path) -> str:
-    """The bridge's ``.pyz`` built from the checkout into ``out`` (what users run), for one benchmark run: never a
-    stale ``static/downloads`` file."""
+def client_pyz(out: Path, name: str = "ai1net-bridge") -> str:
+    """A client's ``.pyz`` (``ai1net-bridge``, ``ai1net-probe``) built from the checkout into ``out`` (what users
+    run), for one benchmark run: never a stale ``static/downloads`` file."""
     from clients.build import build
 
-    (built,) = build(out, names=("ai1net-bridge",))
+    (built,) = build(out, names=(name,))
     return str(built)

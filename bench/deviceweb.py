@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench import bridge_pyz, cpu_seconds, cpu_times, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
+from bench import client_pyz, cpu_seconds, cpu_times, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, p50_p99, pct  # noqa: E402
 from clients.common.credentials import Credential, save_credential  # noqa: E402
 
@@ -561,7 +561,7 @@ def main() -> None:
     stop_cleanly_on_sigterm()
     built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
     if args.bridge_pyz is None and not args.bridge_checkout:
-        args.bridge_pyz = bridge_pyz(Path(built.name))
+        args.bridge_pyz = client_pyz(Path(built.name))
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)
     args.ws_samples = args.ws_samples or (150 if args.quick else 600)

@@ -4,7 +4,9 @@
     .venv/bin/python -m bench.probe --config embedded --commands 100
 
 Each configuration starts its own world in a temporary folder (bench.deviceweb's helpers): daphne, a user
-with an API token, and a probe (``python -m clients.probe run URL --allow ROOT``) whose tunnel is on daphne A.
+with an API token, and a probe whose tunnel is on daphne A. The probe runs as users run it: its ``.pyz``, built
+from the checkout for the run, on a bare interpreter (``python -I -S ai1net-probe.pyz run URL --allow ROOT``);
+``--client checkout`` runs ``python -m clients.probe`` instead.
 
 - ``embedded``: a SQLite file and the in-memory channel layer, one daphne.
 - ``pg+redis, 2 daphne``: a fresh PostgreSQL database and the Redis channel layer, two daphne processes; the
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench import stop_cleanly_on_sigterm  # noqa: E402
+from bench import client_pyz, stop_cleanly_on_sigterm  # noqa: E402
 from bench.deviceweb import PY, REDIS_URL, World, postgres_database, redis_prefix, wait_for  # noqa: E402
 from bench.report import p50_p99  # noqa: E402
 
@@ -69,7 +71,7 @@ def measure(client: httpx.Client, commands: int, path: str) -> tuple[list[float]
     return reads, floor
 
 
-def run_config(config: str, base: dict[str, str], commands: int) -> None:
+def run_config(config: str, base: dict[str, str], commands: int, probe: list[str]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ai1net-probebench-"))
     world = World(tmp, {})
     with contextlib.ExitStack() as stack:
@@ -94,8 +96,7 @@ def run_config(config: str, base: dict[str, str], commands: int) -> None:
             probe_env = {k: v for k, v in world.env.items()
                          if not k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "AI1NET_REDIS"))}
             probe_env.update({"AI1NET_PROBE_TOKEN": made["token"], "AI1NET_PROBE_DEVICE_ID": made["device_id"]})
-            world.start([PY, "-m", "clients.probe", "run", world.servers[0], "--allow", str(project)], "probe.log",
-                        env=probe_env)
+            world.start([*probe, "run", world.servers[0], "--allow", str(project)], "probe.log", env=probe_env)
             clients = [httpx.Client(base_url=server, headers={"Authorization": f"Bearer {made['api']}"}, timeout=30)
                        for server in world.servers]
             wait_for(lambda: clients[0].get("/api/probes/bench-probe").json().get("online") is True, 30,
@@ -117,14 +118,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=["embedded", "pg+redis", "both"], default="both")
     parser.add_argument("--commands", type=int, default=300, help="read commands per daphne")
+    parser.add_argument("--client", choices=["pyz", "checkout"], default="pyz",
+                        help="run the probe from a .pyz built for the run (as users do), or the checkout")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
+    built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
+    probe = ([PY, "-I", "-S", client_pyz(Path(built.name), "ai1net-probe")] if args.client == "pyz"
+             else [PY, "-m", "clients.probe"])
+    print(f"the probe from {'a .pyz built for the run, as users run it' if args.client == 'pyz' else 'the checkout'}")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1"})
     configs = ["embedded", "pg+redis"] if args.config == "both" else [args.config]
-    for config in configs:
-        run_config(config, base, args.commands)
+    with built:
+        for config in configs:
+            run_config(config, base, args.commands, probe)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ VENV_BIN = Path(sys.executable).parent
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 
-from bench import bridge_pyz, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
+from bench import client_pyz, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
 from clients.bridge.hooks_install import hook_command, precompile_hook, pyz_launcher  # noqa: E402
@@ -600,7 +600,7 @@ async def main() -> None:
     global HOOK_LAUNCHER
     built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
     if args.client == "pyz":
-        pyz = bridge_pyz(Path(built.name))
+        pyz = client_pyz(Path(built.name))
         BRIDGE[:] = [sys.executable, "-I", "-S", pyz]
         HOOK_LAUNCHER = pyz_launcher(pyz, sys.executable)
     if args.questions is None:
