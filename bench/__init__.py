@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +53,12 @@ def cpu_seconds(pids: list[int]) -> float:
     return cpu_times(pids)[0]
 
 
-def client_pyz(out: Path, name: str = "ai1net-bridge") -> str:
-    """A client's ``.pyz`` (``ai1net-bridge``, ``ai1net-probe``) built from the checkout into ``out`` (what users
-    run), for one benchmark run: never a stale ``static/downloads`` file."""
+def client_pyz(name: str = "ai1net-bridge") -> str:
+    """A client's ``.pyz`` (``ai1net-bridge``, ``ai1net-probe``) built from the checkout for this benchmark run (what
+    users run; never a stale ``static/downloads`` file), in a folder of its own removed when the run exits."""
     from clients.build import build
 
-    (built,) = build(out, names=(name,))
+    out = tempfile.mkdtemp(prefix="ai1net-bench-pyz-")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    (built,) = build(Path(out), names=(name,))
     return str(built)

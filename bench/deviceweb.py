@@ -134,6 +134,7 @@ class World:
     device_id: str = ""
     web_port: int = 0
     ws_port: int = 0  # the local service's WebSocket echo
+    service_pid: int = 0  # the local service's process (build())
     username: str = ""
 
     def start(self, argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -189,8 +190,8 @@ def build(world: World, daphnes: int, bridge_pyz: str | None = None) -> None:
     world.ws_port = world.web_port
     while world.ws_port == world.web_port:  # device web reaches ports 20000-20999 only
         world.ws_port = free_port(20000, 20999)
-    world.start([PY, str(ROOT / "tests/deviceweb/upstream.py"), str(world.web_port), str(world.ws_port)],
-                "upstream.log")
+    world.service_pid = world.start([PY, str(ROOT / "tests/deviceweb/upstream.py"), str(world.web_port),
+                                     str(world.ws_port)], "upstream.log").pid
     wait_for(lambda: httpx.get(f"http://127.0.0.1:{world.web_port}/small").status_code == 200, 30, "the local service")
     home = world.tmp / "home"
     save_credential(home, Credential(url=world.servers[0], device_id=made["device_id"], token=made["token"],
@@ -497,8 +498,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
             layer = "Redis" if daphnes == 2 else "in-memory"
             print(f"\n== {config}: {layer} channel layer, {daphnes} daphne; median of {args.runs} runs; "
                   f"ratio = through the tunnel / straight to the local service", flush=True)
-            platform = [proc.pid for proc in world.procs if "upstream.py" not in " ".join(map(str, proc.args))]
-            service = next(proc.pid for proc in world.procs if "upstream.py" in " ".join(map(str, proc.args)))
+            platform = [proc.pid for proc in world.procs if proc.pid != world.service_pid]
             floor_client, floor_pids = bare_relay(world)
             clients = {"through": tunnel, "direct": direct, "floor": floor_client}
             pids = {"through": platform, "direct": [], "floor": floor_pids}
@@ -506,7 +506,7 @@ def run_config(config: str, base: dict[str, str], args: argparse.Namespace) -> l
                 clients["cross"] = browser(world, world.servers[1])
                 pids["cross"] = platform
             ws_figures(world, clients, args.ws_samples)
-            figures = measure(clients, args, pids, service)
+            figures = measure(clients, args, pids, world.service_pid)
             through, straight, floor = figures["through"], figures["direct"], figures["floor"]
             if daphnes == 1:
                 print_pair(f"{config}", through, straight, floor, args.mb)
@@ -559,9 +559,8 @@ def main() -> None:
                         help="run the bridge from the checkout (python -m clients.bridge) instead of a .pyz")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
-    built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
     if args.bridge_pyz is None and not args.bridge_checkout:
-        args.bridge_pyz = client_pyz(Path(built.name))
+        args.bridge_pyz = client_pyz()
     args.runs = args.runs or (2 if args.quick else 5)
     args.small = args.small or (200 if args.quick else 1000)
     args.ws_samples = args.ws_samples or (150 if args.quick else 600)
@@ -582,7 +581,6 @@ def main() -> None:
     for row in rows:
         print(f"  {row.path} [{row.config}]: {row.value:.3f} {row.unit} (target {row.target}: "
               f"{'met' if row.met else 'NOT met'}){'; ' + '; '.join(row.notes) if row.notes else ''}")
-    built.cleanup()
 
 
 if __name__ == "__main__":

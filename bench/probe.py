@@ -122,17 +122,15 @@ def main() -> None:
                         help="run the probe from a .pyz built for the run (as users do), or the checkout")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
-    built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
-    probe = ([PY, "-I", "-S", client_pyz(Path(built.name), "ai1net-probe")] if args.client == "pyz"
+    probe = ([PY, "-I", "-S", client_pyz("ai1net-probe")] if args.client == "pyz"
              else [PY, "-m", "clients.probe"])
     print(f"the probe from {'a .pyz built for the run, as users run it' if args.client == 'pyz' else 'the checkout'}")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "AI1NET_REDIS"))}
     base.update({"DJANGO_SETTINGS_MODULE": "bench.settings_bench", "AI1NET_DEBUG": "1", "PYTHONPATH": str(ROOT),
                  "PYTHONUNBUFFERED": "1"})
     configs = ["embedded", "pg+redis"] if args.config == "both" else [args.config]
-    with built:
-        for config in configs:
-            run_config(config, base, args.commands, probe)
+    for config in configs:
+        run_config(config, base, args.commands, probe)
 
 
 if __name__ == "__main__":

@@ -598,9 +598,8 @@ async def main() -> None:
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
     global HOOK_LAUNCHER
-    built = tempfile.TemporaryDirectory(prefix="ai1net-bench-pyz-")
     if args.client == "pyz":
-        pyz = client_pyz(Path(built.name))
+        pyz = client_pyz()
         BRIDGE[:] = [sys.executable, "-I", "-S", pyz]
         HOOK_LAUNCHER = pyz_launcher(pyz, sys.executable)
     if args.questions is None:

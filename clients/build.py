@@ -21,7 +21,7 @@ VENDOR_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "tests")
 # clients/masking.py loads from the archive where the interpreter running it has the same tag.
 NATIVE = {"websockets": "speedups"}
 ROOT = Path(__file__).resolve().parent
-# What runs on every hook event (``python -I -S ai1net-bridge.pyz … hook``): shipped compiled as well.
+# What runs on every hook event (the command hooks_install.pyz_launcher writes): shipped compiled as well.
 HOT_MODULES = {"ai1net-bridge": ("clients.__init__", "clients.bridge.__init__", "clients.bridge.__main__",
                                  "clients.bridge.hook", "clients.bridge.permission_hook")}
 

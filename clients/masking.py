@@ -98,12 +98,11 @@ def install() -> bool:
     framing where its C speedups are missing; True when installed (False where the C one was there from the
     start: it stays)."""
     global _from_archive
-    from websockets import frames, utils
+    from websockets import frames
 
-    if frames.apply_mask is apply_mask or (_from_archive is not None and frames.apply_mask is _from_archive):
-        return True
-    if frames.apply_mask is not utils.apply_mask:  # the C speedups
-        return False
+    current = mode()
+    if current != "integers":  # installed already, or the C speedups ("c"), which stay
+        return current != "c"
     _from_archive = c_mask_from_archive()
     frames.apply_mask = _from_archive or apply_mask
     return True

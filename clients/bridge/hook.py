@@ -6,13 +6,14 @@ input, any exception or AI1NET_MOBILE_OFF=1 -> exit 0 with no output, so the des
 nothing were installed.
 
 This module is also the hook's whole program: ``hooks install`` writes ``python -I -S
-<checkout>/clients/bridge/run_hook.py --home H hook …`` (or ``python -I -S ai1net-bridge.pyz --home H
-hook …``, whose ``clients.bridge.__main__`` hands ``hook`` straight here without loading the command line,
-the daemon or websockets). It runs once per hook event, so its start-up is on the question's path. It
-imports ``os``, ``sys``, ``time``, the C half of ``json`` (``_json``: the ``json`` package would import
-``re``, the dearest module on this path) and, once there is a daemon to ask, ``_socket`` (a plain HTTP/1.1
-request: ``http.client`` pulls in ``email``, ``socket`` itself ``selectors`` and ``enum``); nothing else,
-not even ``typing``. ``bench/roundtrip.py`` prints its start-up beside a bare interpreter.
+<checkout>/clients/bridge/run_hook.py --home H hook …`` (or, from a ``.pyz``, ``python -I -S -c <entry>
+ai1net-bridge.pyz --home H hook …``, whose entry imports this module out of the archive and calls ``main``
+without runpy, the command line, the daemon or websockets; ``hooks_install.pyz_launcher``). It runs once per
+hook event, so its start-up is on the question's path. It imports ``os``, ``sys``, ``time``, the C half of
+``json`` (``_json``: the ``json`` package would import ``re``, the dearest module on this path) and, once
+there is a daemon to ask, ``_socket`` (a plain HTTP/1.1 request: ``http.client`` pulls in ``email``,
+``socket`` itself ``selectors`` and ``enum``); nothing else, not even ``typing``. ``bench/roundtrip.py``
+prints its start-up beside a bare interpreter.
 """
 
 from __future__ import annotations
