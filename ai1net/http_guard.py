@@ -11,7 +11,8 @@ app runs and can refuse it. ``install`` wraps every new HTTP connection of daphn
 - a body declared larger than the largest any route takes (``max_body``) gets 413 at once, unread;
 - Twisted's own parse of form bodies (which daphne never uses) is off, and so is Twisted's own access line
   (daphne writes its own access log; Twisted formatted a second line per request for a log daphne sends
-  nowhere, or at ``-v 2`` into Python's logging beside daphne's).
+  nowhere, or at ``-v 2`` into Python's logging beside daphne's);
+- a connection from this machine is sent without pacing (``clients.common.loopback``), deadlines or not.
 
 The deadlines are timers of the asyncio loop that daphne runs Twisted on: Twisted's ``callLater`` on that
 reactor cancels and re-arms the loop's one timer for its own queue at every call and cancel (two of each per
@@ -30,6 +31,8 @@ import json
 import logging
 import sys
 from typing import Any
+
+from clients.common import loopback
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +55,23 @@ class _Limits:
         self.head_timeout, self.min_body_rate, self.max_body, self.loop = head_timeout, min_body_rate, max_body, loop
 
 
-class _GuardedChannel:
-    """Mixed into the class of each HTTP channel daphne builds (``_guarded``): methods of the class and two
-    attributes per channel. Before, each channel got four closures and their cells as attributes of its own,
-    which pointed back at it: a reference cycle per connection that only the cyclic collector freed, in
-    pauses during which every socket of the process waited (ai1net.connection_cycles)."""
+class _UnpacedChannel:
+    """Mixed into the class of each HTTP channel daphne builds, guarded or not: a connection from this machine
+    (the proxy in front, as "Scaling out" in README runs daphne; a browser or a bridge on the same host) is sent
+    without pacing (clients.common.loopback)."""
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        handle = getattr(self.transport, "getHandle", None)
+        if handle is not None:
+            loopback.unpaced(handle())
+
+
+class _GuardedChannel(_UnpacedChannel):
+    """Mixed instead while deadlines are on (``_mixed``): methods of the class and two attributes per channel.
+    Before, each channel got four closures and their cells as attributes of its own, which pointed back at it:
+    a reference cycle per connection that only the cyclic collector freed, in pauses during which every socket
+    of the process waited (ai1net.connection_cycles)."""
 
     _guard_limits: _Limits
     _guard_deadline: asyncio.TimerHandle | None = None  # pending (cleared as it fires)
@@ -108,8 +123,9 @@ def _no_twisted_access_line(factory: Any, request: Any) -> None:
 
 
 @functools.cache
-def _guarded(channel_class: type) -> type:
-    return type(f"Guarded{channel_class.__name__}", (_GuardedChannel, channel_class), {"__module__": __name__})
+def _mixed(mixin: type, channel_class: type) -> type:
+    name = mixin.__name__.strip("_").removesuffix("Channel")
+    return type(f"{name}{channel_class.__name__}", (mixin, channel_class), {"__module__": __name__})
 
 
 def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool:
@@ -138,9 +154,12 @@ def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool
         protocol.requestFactory = request_factory
         # Twisted's protocol is a proxy (HTTP/1.1 or HTTP/2 after ALPN) around the HTTP/1.1 channel.
         channel = getattr(protocol, "_channel", protocol)
-        if head_timeout > 0 and hasattr(channel, "allHeadersReceived"):
-            channel.__class__ = _guarded(type(channel))
-            channel._guard_limits = limits
+        if hasattr(channel, "allHeadersReceived"):
+            if head_timeout > 0:
+                channel.__class__ = _mixed(_GuardedChannel, type(channel))
+                channel._guard_limits = limits
+            else:
+                channel.__class__ = _mixed(_UnpacedChannel, type(channel))
         return protocol
 
     factory.buildProtocol = build_guarded

@@ -7,7 +7,8 @@ What device web must do at the least, with the libraries the clients use and not
 reaches a server process, which hands it over a WebSocket the device opened (the device only dials out) to a
 device process, which connects to the local service and sends back what it answers, in binary frames, for the
 server process to write to the browser. No Django, no database, no login or access checks, no parsing of the
-response, no flow control of its own (the sockets' buffers only), one device and GETs without a body. Frames:
+response, no flow control of its own (the sockets' buffers only), one device and GETs without a body. Its
+sockets are sent without pacing as the platform's and the bridge's are (clients.common.loopback). Frames:
 one kind byte (OPEN, DATA, END), a 4-byte stream number, then the request head or the response's bytes as they
 came. Each browser connection carries one request and is closed after it, as the bench's local service does.
 
@@ -22,9 +23,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sys
+from pathlib import Path
 
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clients.common import loopback  # noqa: E402
 
 OPEN, DATA, END = 0, 1, 2
 READ_BYTES = 1024 * 1024  # the most one DATA frame carries (as the bridge's binary web.data)
@@ -45,6 +51,7 @@ async def front(http_port: int, ws_port: int) -> None:
             await connection.close(1008, "one device")
             return
         device.set_result(connection)
+        loopback.unpaced(connection.transport.get_extra_info("socket"))
         async for message in connection:
             kind, stream, payload = message[0], int.from_bytes(message[1:5], "big"), memoryview(message)[5:]
             writer = writers.get(stream)
@@ -58,6 +65,7 @@ async def front(http_port: int, ws_port: int) -> None:
                 writer.close()
 
     async def from_browser(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loopback.unpaced(writer.get_extra_info("socket"))
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
@@ -75,9 +83,11 @@ async def front(http_port: int, ws_port: int) -> None:
 
 async def device(ws_port: int, local_port: int) -> None:
     async with connect(f"ws://{HOST}:{ws_port}/", max_size=None, compression=None) as tunnel:
+        loopback.unpaced(tunnel.transport.get_extra_info("socket"))
 
         async def answer(stream: int, head: bytes) -> None:
             reader, writer = await asyncio.open_connection(HOST, local_port, limit=READ_BYTES)
+            loopback.unpaced(writer.get_extra_info("socket"))
             writer.write(head)
             while data := await reader.read(READ_BYTES):
                 await tunnel.send(frame(DATA, stream, data))

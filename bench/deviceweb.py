@@ -54,6 +54,7 @@ import httpx  # noqa: E402
 
 from bench import client_pyz, cpu_seconds, cpu_times, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, p50_p99, pct  # noqa: E402
+from clients.common import loopback  # noqa: E402
 from clients.common.credentials import Credential, save_credential  # noqa: E402
 
 PY = sys.executable
@@ -437,6 +438,18 @@ def print_pair(label: str, through: Figures, direct: Figures, floor: Figures, mb
 BARE_FLOOR = "the bare relay"
 
 
+def tcp_note() -> str:
+    """Which TCP congestion control the hops use: the system's for the local service and the client (the direct
+    download's one hop), the platform's loopback choice for daphne's, the bridge's and the bare relay's sockets."""
+    try:
+        system = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return "TCP congestion control: the system's"
+    ours = loopback.algorithm() or system
+    return (f"TCP congestion control: {system} (the system's) where the local service and the client send, "
+            f"{ours} where daphne, the bridge and the bare relay send (clients.common.loopback)")
+
+
 def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb: int, note: str = "") -> list[Row]:
     down = through.mibs / direct.mibs
     first = through.first_ms / direct.first_ms if direct.first_ms else 0.0
@@ -447,7 +460,7 @@ def rows_for(config: str, through: Figures, direct: Figures, floor: Figures, mb:
         Row(f"device web {mb} MB download vs direct", config, f"{through.mibs:.1f} MiB/s",
             f"direct {direct.mibs:.1f} MiB/s", down, down, ">= 0.5", "x direct",
             [f"first byte {through.first_ms:.2f} ms through vs {direct.first_ms:.2f} ms direct ({first:.2f}x)",
-             cpu_budget_note(through, direct, machine_cores()),
+             cpu_budget_note(through, direct, machine_cores()), tcp_note(),
              f"{bare} {floor.mibs:.1f} MiB/s ({floor.mibs / direct.mibs:.2f}x direct), "
              f"its two processes' CPU {floor.cpu_ms_per_mib:.2f} ms per MiB (not a floor for a download: it "
              "copies each frame more often than the platform does, and the platform has run faster than it)", *extra]),
@@ -572,7 +585,7 @@ def main() -> None:
     bridge = f"the bridge from {args.bridge_pyz} (-I -S), as users run it" if args.bridge_pyz else \
         "the bridge from the checkout"
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; device web through the tunnel vs direct; "
-          f"{bridge}")
+          f"{bridge}; {tcp_note()}")
     rows: list[Row] = []
     for config in configs:
         rows += run_config(config, base, args)

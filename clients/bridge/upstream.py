@@ -20,6 +20,7 @@ import asyncio
 from typing import Any, Optional
 
 from clients import protocol
+from clients.common import loopback
 
 HEAD_ROOM = protocol.WEB_BIN_MAX_HEAD
 FIRST_SIZE = 64 * 1024  # a buffer starts this small and doubles while data waits in it (small responses stay small)
@@ -43,6 +44,7 @@ class Upstream(asyncio.BufferedProtocol):
     # --- asyncio's side --------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        loopback.unpaced(transport.get_extra_info("socket"))  # a request's body to the local service: no pacing
 
     def get_buffer(self, sizehint: int) -> memoryview:
         free = len(self.buf) - self.end

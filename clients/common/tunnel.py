@@ -27,6 +27,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from clients import limits, masking, protocol
+from clients.common import loopback
 from clients.common.longpoll import LongPollClient
 
 log = logging.getLogger("ai1net.tunnel")
@@ -294,6 +295,7 @@ class Tunnel:
             if exc.response.status_code == 401:
                 raise FinalCloseError(protocol.CLOSE_UNAUTHORIZED) from exc
             raise
+        loopback.unpaced(ws.transport.get_extra_info("socket"))  # a platform on this machine: no pacing
         before = self.connections
         try:
             await self._session(ws)
