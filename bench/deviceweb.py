@@ -441,9 +441,8 @@ BARE_FLOOR = "the bare relay"
 def tcp_note() -> str:
     """Which TCP congestion control the hops use: the system's for the local service and the client (the direct
     download's one hop), the platform's loopback choice for daphne's, the bridge's and the bare relay's sockets."""
-    try:
-        system = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    except OSError:
+    system = loopback.system_algorithm()
+    if not system:
         return "TCP congestion control: the system's"
     ours = loopback.algorithm() or system
     return (f"TCP congestion control: {system} (the system's) where the local service and the client send, "

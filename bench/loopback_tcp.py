@@ -60,7 +60,7 @@ def transfer(algorithm: str, total: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    system = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    system = loopback.system_algorithm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=2.0, help="GiB per transfer")
     parser.add_argument("--rounds", type=int, default=3)

@@ -25,10 +25,21 @@ from typing import Any, Optional
 
 DEFAULT_ALGORITHM = "reno"
 ENV = "AI1NET_LOOPBACK_TCP_CONGESTION"
+_SYSCTL = "/proc/sys/net/ipv4/tcp_congestion_control"
 
 
 def algorithm() -> str:
+    """What a loopback connection is given ("": left as the system made it)."""
     return os.environ.get(ENV, DEFAULT_ALGORITHM).strip()
+
+
+def system_algorithm() -> str:
+    """The system's default congestion control, which every other connection keeps ("" where it cannot be read)."""
+    try:
+        with open(_SYSCTL) as sysctl:
+            return sysctl.read().strip()
+    except OSError:
+        return ""
 
 
 def is_loopback(host: Any) -> bool:

@@ -191,12 +191,13 @@ def _last_word(message: dict[str, Any]) -> bool:
     return frame.get("method") in _STREAM_END or (frame.get("params") or {}).get("end") is True
 
 
-def _keepalive(transport: asyncio.BaseTransport) -> None:
-    """A kept connection between hosts that the network drops silently is noticed within about a minute."""
+def _tune(transport: asyncio.BaseTransport) -> None:
+    """A relay connection, either end: sent without pacing between processes on one host (clients.common.loopback),
+    and, kept between hosts, noticed within about a minute when the network drops it silently (TCP keepalive)."""
     sock = transport.get_extra_info("socket")
     if sock is None:
         return
-    loopback.unpaced(sock)  # two processes on one host: no pacing
+    loopback.unpaced(sock)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
@@ -259,7 +260,7 @@ async def _start() -> str:
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     served = _Served(writer)
-    _keepalive(writer.transport)
+    _tune(writer.transport)
     try:
         async with asyncio.timeout(HANDSHAKE_SEC):
             await _answer_handshake(reader, writer)
@@ -564,7 +565,7 @@ class Connection(asyncio.BufferedProtocol):
                 writer.close()
                 raise
         # The relay sends nothing more before our first message: the stream reader holds no bytes of ours.
-        _keepalive(writer.transport)
+        _tune(writer.transport)
         connection = cls(address, writer.transport)
         connection.handshake_writer = writer  # kept: a StreamWriter closes its transport when collected
         writer.transport.set_protocol(connection)
