@@ -13,6 +13,7 @@ app runs and can refuse it. ``install`` wraps every new HTTP connection of daphn
   (daphne writes its own access log; Twisted formatted a second line per request for a log daphne sends
   nowhere, or at ``-v 2`` into Python's logging beside daphne's);
 - a connection from this machine is sent without pacing (``clients.common.loopback``), deadlines or not.
+- what a connection is given to send goes out in the event loop's next turn (``ai1net.soon_writes``).
 
 The deadlines are timers of the asyncio loop that daphne runs Twisted on: Twisted's ``callLater`` on that
 reactor cancels and re-arms the loop's one timer for its own queue at every call and cancel (two of each per
@@ -32,6 +33,7 @@ import logging
 import sys
 from typing import Any
 
+from ai1net import soon_writes
 from clients.common import loopback
 
 logger = logging.getLogger(__name__)
@@ -58,13 +60,15 @@ class _Limits:
 class _UnpacedChannel:
     """Mixed into the class of each HTTP channel daphne builds, guarded or not: a connection from this machine
     (the proxy in front, as "Scaling out" in README runs daphne; a browser or a bridge on the same host) is sent
-    without pacing (clients.common.loopback)."""
+    without pacing (clients.common.loopback), and every connection's writes go out in the loop's next turn
+    (ai1net.soon_writes; a WebSocket keeps the transport of the request that upgraded it)."""
 
     def connectionMade(self) -> None:
         super().connectionMade()
         handle = getattr(self.transport, "getHandle", None)
         if handle is not None:
             loopback.unpaced(handle())
+        soon_writes.apply(self.transport, asyncio.get_running_loop())
 
 
 class _GuardedChannel(_UnpacedChannel):
