@@ -57,7 +57,7 @@ class _Limits:
         self.head_timeout, self.min_body_rate, self.max_body, self.loop = head_timeout, min_body_rate, max_body, loop
 
 
-class _UnpacedChannel:
+class _TunedChannel:
     """Mixed into the class of each HTTP channel daphne builds, guarded or not: a connection from this machine
     (the proxy in front, as "Scaling out" in README runs daphne; a browser or a bridge on the same host) is sent
     without pacing (clients.common.loopback), and every connection's writes go out in the loop's next turn
@@ -71,7 +71,7 @@ class _UnpacedChannel:
         soon_writes.apply(self.transport, asyncio.get_running_loop())
 
 
-class _GuardedChannel(_UnpacedChannel):
+class _GuardedChannel(_TunedChannel):
     """Mixed instead while deadlines are on (``_mixed``): methods of the class and two attributes per channel.
     Before, each channel got four closures and their cells as attributes of its own, which pointed back at it:
     a reference cycle per connection that only the cyclic collector freed, in pauses during which every socket
@@ -163,7 +163,7 @@ def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool
                 channel.__class__ = _mixed(_GuardedChannel, type(channel))
                 channel._guard_limits = limits
             else:
-                channel.__class__ = _mixed(_UnpacedChannel, type(channel))
+                channel.__class__ = _mixed(_TunedChannel, type(channel))
         return protocol
 
     factory.buildProtocol = build_guarded
