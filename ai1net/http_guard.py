@@ -34,6 +34,7 @@ import sys
 from typing import Any
 
 from ai1net import soon_writes
+from ai1net.mixins import mixed
 from clients.common import loopback
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class _TunedChannel:
 
 
 class _GuardedChannel(_TunedChannel):
-    """Mixed instead while deadlines are on (``_mixed``): methods of the class and two attributes per channel.
+    """Mixed instead while deadlines are on (ai1net.mixins): methods of the class and two attributes per channel.
     Before, each channel got four closures and their cells as attributes of its own, which pointed back at it:
     a reference cycle per connection that only the cyclic collector freed, in pauses during which every socket
     of the process waited (ai1net.connection_cycles)."""
@@ -126,12 +127,6 @@ def _no_twisted_access_line(factory: Any, request: Any) -> None:
     """``HTTPFactory.log``: daphne's own access log (``--access-log``) is the one written."""
 
 
-@functools.cache
-def _mixed(mixin: type, channel_class: type) -> type:
-    name = mixin.__name__.strip("_").removesuffix("Channel")
-    return type(f"{name}{channel_class.__name__}", (mixin, channel_class), {"__module__": __name__})
-
-
 def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool:
     """Guard every HTTP connection daphne builds from now on in this process; False when daphne is absent
     (another server, or tests that run the app in-process). Idempotent."""
@@ -160,10 +155,10 @@ def install(*, head_timeout: float, min_body_rate: float, max_body: int) -> bool
         channel = getattr(protocol, "_channel", protocol)
         if hasattr(channel, "allHeadersReceived"):
             if head_timeout > 0:
-                channel.__class__ = _mixed(_GuardedChannel, type(channel))
+                channel.__class__ = mixed(_GuardedChannel, type(channel))
                 channel._guard_limits = limits
             else:
-                channel.__class__ = _mixed(_TunedChannel, type(channel))
+                channel.__class__ = mixed(_TunedChannel, type(channel))
         return protocol
 
     factory.buildProtocol = build_guarded

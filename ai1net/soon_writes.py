@@ -20,6 +20,8 @@ import asyncio
 import logging
 from typing import Any
 
+from ai1net.mixins import mixed
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,7 +45,7 @@ class SoonWrites:
 
     def _soon_flush(self) -> None:
         self._soon_due = False
-        if not self.connected or self.fileno() == -1 or getattr(self, "_aborting", False):  # type: ignore[attr-defined]
+        if not self.connected or self.fileno() == -1 or self._aborting:  # type: ignore[attr-defined]
             return  # lost or aborted meanwhile: connectionLost has run or is due
         try:
             why = self.doWrite()  # type: ignore[attr-defined]
@@ -57,9 +59,6 @@ class SoonWrites:
             super().startWriting()  # type: ignore[misc]
 
 
-_classes: dict[type, type] = {}
-
-
 def apply(transport: Any, loop: asyncio.AbstractEventLoop) -> bool:
     """Give ``transport`` (a connection's ``twisted.internet.tcp.Connection``) soon writes on ``loop``, the loop
     its reactor runs on; False, and unchanged, for any other transport (TLS wraps the connection in a protocol
@@ -69,8 +68,6 @@ def apply(transport: Any, loop: asyncio.AbstractEventLoop) -> bool:
     cls = type(transport)
     if not isinstance(transport, tcp.Connection) or issubclass(cls, SoonWrites):
         return False
-    if cls not in _classes:
-        _classes[cls] = type(f"Soon{cls.__name__}", (SoonWrites, cls), {"__module__": __name__})
     transport._soon_loop = loop
-    transport.__class__ = _classes[cls]
+    transport.__class__ = mixed(SoonWrites, cls)
     return True
