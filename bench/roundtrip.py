@@ -41,6 +41,13 @@ Echo: the round trip of a 200-byte JSON text message on ``/ws/echo`` of the phon
 the bare baseline; ratios are against it) and, for reference, on ``/ws/echo-layer`` (through a channel-
 layer group_send, the path of the phone's doorbell). Figures are milliseconds. ``--json FILE`` appends
 the three rows of issue 10 per configuration (bench/report.py).
+
+Floors of the server time, each POSTed after each local question with that answer's body (bench/roundtrip_asgi.py):
+``/bench/floor``, the stack alone (middleware, session, user, DRF view and checks, serializer), and
+``/bench/floor-db``, that stack and then the answer's database work as bare statements (the question's
+read; the answer's writes of the same kinds, order and pipeline, into the benchmark's own tables; a
+durable commit). The second is the row's floor: what an answer costs on that database before the
+product's own Python (models, checks, payloads, the audit's hashes, events).
 """
 
 from __future__ import annotations
@@ -222,6 +229,10 @@ class World:
         self.server_cpu_ms: list[float] = []
         self.floor_ms: list[float] = []
         self.floor_cpu_ms: list[float] = []
+        self.floor_db_ms: list[float] = []  # /bench/floor-db: the stack and the answer's statements alone
+        self.floor_db_cpu_ms: list[float] = []
+        self.floor_db_db_ms: list[float] = []
+        self.floor_db_calls: list[float] = []
         self.server_db_ms: list[float] = []
         self.server_db_calls: list[float] = []
         self.last_body: dict = {}
@@ -322,6 +333,14 @@ class World:
         if response.status_code != 200:
             raise RuntimeError(f"floor refused: {response.status_code} {response.text[:300]}")
         self._timing(response, self.floor_ms, self.floor_cpu_ms)
+
+    async def floor_db(self) -> None:
+        """The same POST to ``/bench/floor-db`` (bench/roundtrip_asgi.py): the stack, then the answer's reads
+        and writes as bare statements, without the rest of the product."""
+        response = await self.phone.post("/bench/floor-db", json=self.last_body, headers=self.csrf)
+        if response.status_code != 200:
+            raise RuntimeError(f"floor-db refused: {response.status_code} {response.text[:300]}")
+        self._timing(response, self.floor_db_ms, self.floor_db_cpu_ms, self.floor_db_db_ms, self.floor_db_calls)
 
     @staticmethod
     def _timing(response: httpx.Response, wall: list[float], cpu: list[float], db: list[float] | None = None,
@@ -497,6 +516,8 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
         world.server_cpu_ms.clear()
         world.floor_ms.clear()
         world.floor_cpu_ms.clear()
+        for figures in (world.floor_db_ms, world.floor_db_cpu_ms, world.floor_db_db_ms, world.floor_db_calls):
+            figures.clear()
         world.server_db_ms.clear()
         world.server_db_calls.clear()
         for n in range(args.questions):  # interleaved, so both see the same conditions
@@ -508,6 +529,7 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
             local2.append(b)
             for _ in range(1 if args.quick else 2):  # between the questions, outside their timings
                 await world.floor()
+                await world.floor_db()
         echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", echo_samples)
     finally:
         await world.stop()
@@ -528,6 +550,9 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
         ("  in database calls (Server-Timing db)", world.server_db_ms),
         ("floor: same POST, stack only (/bench/floor)", world.floor_ms),
         ("  floor: server CPU meanwhile", world.floor_cpu_ms),
+        ("floor: stack + statements (/bench/floor-db)", world.floor_db_ms),
+        ("  floor-db: server CPU meanwhile", world.floor_db_cpu_ms),
+        ("  floor-db: in database calls", world.floor_db_db_ms),
         ("hook total: leg 1 + leg 2", [a + b for a, b in zip(hook1, hook2, strict=True)]),
         ("local total: leg 1 + leg 2", [a + b for a, b in zip(local1, local2, strict=True)]),
     ]
@@ -571,7 +596,8 @@ def report_rows(config: str, echo: list[float], startup: dict[str, list[float]],
         measured=f"median {pct(server, 0.5):.2f} / p99 {pct(server, 0.99):.2f} ms (n={len(server)})",
         baseline=baseline, ratio=round(pct(server, 0.5) / e50, 1), value=round(pct(server, 0.5), 2),
         target=f"<= {TARGETS['post']:g}", unit="ms median",
-        floor="the stack alone (/bench/floor)", floor_value=round(pct(world.floor_ms, 0.5), 2) if world.floor_ms else None,
+        floor="the stack and the answer's statements alone (/bench/floor-db)",
+        floor_value=round(pct(world.floor_db_ms, 0.5), 2) if world.floor_db_ms else None,
         notes=["Server-Timing: daphne's ASGI call -> response start (middleware, session, view, service, "
                "commit), bench/roundtrip_asgi.py",
                f"CPU time of the phone's daphne process meanwhile: median {pct(world.server_cpu_ms or [0.0], 0.5):.2f}"
@@ -581,7 +607,12 @@ def report_rows(config: str, echo: list[float], startup: dict[str, list[float]],
                f"{pct(world.server_db_ms or [0.0], 0.5):.2f} ms, {pct(world.server_db_calls or [0.0], 0.5):.0f} calls",
                f"floor, the same POST through the same stack (middleware, session, user, DRF view, switch and "
                f"two-factor checks, serializer) without the answer (/bench/floor): median "
-               f"{pct(world.floor_ms or [0.0], 0.5):.2f} ms, CPU {pct(world.floor_cpu_ms or [0.0], 0.5):.2f} ms"])
+               f"{pct(world.floor_ms or [0.0], 0.5):.2f} ms, CPU {pct(world.floor_cpu_ms or [0.0], 0.5):.2f} ms",
+               f"floor, that stack and then the answer's database work as bare statements (the question's read; "
+               f"the answer's writes, same kinds, order and pipeline; a durable commit) without the rest of the "
+               f"product (/bench/floor-db): median {pct(world.floor_db_ms or [0.0], 0.5):.2f} ms, CPU "
+               f"{pct(world.floor_db_cpu_ms or [0.0], 0.5):.2f} ms, in database calls "
+               f"{pct(world.floor_db_db_ms or [0.0], 0.5):.2f} ms, {pct(world.floor_db_calls or [0.0], 0.5):.0f} calls"])
     return [leg1, leg2, post]
 
 

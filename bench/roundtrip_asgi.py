@@ -17,10 +17,19 @@ the end of each pipeline, where its statements' results come back),
 the session, the user), the same DRF view base as ``/api/mobile/answer`` (session authentication, CSRF,
 the mobile-reply switch and the two-factor check) and the same body parsed by the same serializer,
 then ``{"state": "answered"}``: what any answer costs before ``mobile.services.answer_submit`` runs.
+
+``POST /bench/floor-db`` is that stack followed by the answer's database work as bare statements, and
+nothing else of the product: the question's read (the statement ``mobile.selectors.own_question`` sends,
+its row not made into models), then one transaction with the answer's writes in the same number, kind and
+order (a conditional UPDATE with its INSERT, two INSERTs, a head's UPDATE with its INSERT; on PostgreSQL
+one statement each, sent in one pipeline as the answer's are; SQLite has no writing WITH, so two each
+there) into tables of the benchmark's own, and a durable COMMIT. What an answer costs at least on this
+database before any of the product's Python: models, checks, the payloads, the audit's hashes, events.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -28,13 +37,18 @@ from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings_bench")
 
+from django.db import transaction  # noqa: E402
 from django.urls import path  # noqa: E402
+from rest_framework.exceptions import NotFound  # noqa: E402
 from rest_framework.request import Request  # noqa: E402
 from rest_framework.response import Response  # noqa: E402
 
+from ai1net import sql  # noqa: E402
 from ai1net.handlers import KeptThreadsASGIHandler  # noqa: E402
 from bench.bench_asgi import application as inner  # noqa: E402 - sets Django up before the app's modules
 from mobile.api import AnswerSerializer, MobileView  # noqa: E402
+from mobile.models import Question  # noqa: E402
+from mobile.selectors import _own_question_plan  # noqa: E402
 
 _db_spent = [0.0, 0]  # ms, calls: in the request threads (bench requests are one at a time)
 
@@ -76,7 +90,64 @@ class FloorView(MobileView):
         return Response({"state": "answered"})
 
 
-urlpatterns = [path("bench/floor", FloorView.as_view())]
+# About an answer's room message, outbox payload or audit entry: a few hundred bytes of JSON each.
+_ROW_BODY = json.dumps({"question_id": "5f0c9a52-0d7e-4a55-9d1c-1f8e8f3f2f55", "via": "phone",
+                        "answers": {"Proceed with the deploy?": ["Yes"]}, "other": {},
+                        "answered_at": "2026-12-07T22:51:00.000000+00:00", "note": "x" * 96})
+_TABLES = {
+    "postgresql": ["CREATE TABLE IF NOT EXISTS bench_floor_gate (id integer PRIMARY KEY, n bigint NOT NULL)",
+                   "CREATE TABLE IF NOT EXISTS bench_floor_row (id bigserial PRIMARY KEY, body text NOT NULL)"],
+    "sqlite": ["CREATE TABLE IF NOT EXISTS bench_floor_gate (id integer PRIMARY KEY, n integer NOT NULL)",
+               "CREATE TABLE IF NOT EXISTS bench_floor_row (id integer PRIMARY KEY, body text NOT NULL)"],
+}
+_GATED = ("WITH gate AS (UPDATE bench_floor_gate SET n = n + 1 WHERE id = %s RETURNING n) "
+          "INSERT INTO bench_floor_row (body) SELECT %s FROM gate RETURNING id")
+_INSERT = "INSERT INTO bench_floor_row (body) VALUES (%s) RETURNING id"
+_GATE = "UPDATE bench_floor_gate SET n = n + 1 WHERE id = %s RETURNING n"
+_tables_made: set[str] = set()
+_tables_lock = threading.Lock()
+
+
+def _floor_tables(conn: Any) -> None:
+    with _tables_lock:
+        if conn.alias in _tables_made:
+            return
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            for statement in _TABLES[conn.vendor]:
+                cursor.execute(statement)
+            cursor.execute("INSERT INTO bench_floor_gate (id, n) VALUES (1, 0), (2, 0) ON CONFLICT (id) DO NOTHING")
+        _tables_made.add(conn.alias)
+
+
+def _floor_writes(vendor: str) -> list[tuple[str, list[Any]]]:
+    """The answer's writes (the nonce's burn with the answer, the outbox item, the room message, the audit
+    chain's head with its entry) as statements of the same kinds on the benchmark's tables."""
+    if vendor == "postgresql":
+        return [(_GATED, [1, _ROW_BODY]), (_INSERT, [_ROW_BODY]), (_INSERT, [_ROW_BODY]), (_GATED, [2, _ROW_BODY])]
+    return [(_GATE, [1]), (_INSERT, [_ROW_BODY]), (_INSERT, [_ROW_BODY]), (_INSERT, [_ROW_BODY]), (_GATE, [2]),
+            (_INSERT, [_ROW_BODY])]
+
+
+class StatementsFloorView(MobileView):
+    def post(self, request: Request) -> Response:
+        serializer = AnswerSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        conn = transaction.get_connection()
+        _floor_tables(conn)
+        read, _ = _own_question_plan(conn.vendor)
+        question_id = Question._meta.pk.get_db_prep_value(serializer.validated_data["question_id"], conn)
+        with conn.cursor() as cursor:
+            cursor.execute(read, [question_id, request.user.pk])
+            if cursor.fetchone() is None:
+                raise NotFound()
+        with transaction.atomic(), sql.pipelined():
+            written = [sql.run(conn, statement, params) for statement, params in _floor_writes(conn.vendor)]
+        if any(later.value is None for later in written):
+            raise RuntimeError("a floor statement wrote no row")
+        return Response({"state": "answered"})
+
+
+urlpatterns = [path("bench/floor", FloorView.as_view()), path("bench/floor-db", StatementsFloorView.as_view())]
 
 
 class _FloorHandler(KeptThreadsASGIHandler):
@@ -102,5 +173,5 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
             message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
         await send(message)
 
-    target = floor if scope.get("path") == "/bench/floor" else inner
+    target = floor if scope.get("path") in ("/bench/floor", "/bench/floor-db") else inner
     await target(scope, receive, timed_send)
