@@ -51,6 +51,11 @@ def test_the_bridge_pyz_carries_its_dependencies(built, tmp_path):
     compiled = sorted(name for name in names if name.endswith(".pyc"))
     assert compiled == sorted(f"{module.replace('.', '/')}.pyc" for module in HOT_MODULES["ai1net-bridge"])
     assert all(name[:-1] in names for name in compiled)
+    # ... and stored uncompressed, so that a hook call neither imports zlib nor inflates; the rest is deflated.
+    kinds = {info.filename: info.compress_type for info in zipfile.ZipFile(pyz).infolist() if not info.is_dir()}
+    assert {name for name, kind in kinds.items() if kind == zipfile.ZIP_STORED} == set(compiled)
+    assert all(kind == zipfile.ZIP_DEFLATED for name, kind in kinds.items() if name not in compiled)
+    assert pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n") and pyz.stat().st_mode & 0o100
     result = bare(str(pyz), "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "pair" in result.stdout and "run" in result.stdout and "status" in result.stdout
