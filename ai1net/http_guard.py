@@ -12,7 +12,7 @@ app runs and can refuse it. ``install`` wraps every new HTTP connection of daphn
 - Twisted's own parse of form bodies (which daphne never uses) is off, and so is Twisted's own access line
   (daphne writes its own access log; Twisted formatted a second line per request for a log daphne sends
   nowhere, or at ``-v 2`` into Python's logging beside daphne's);
-- a connection from this machine is sent without pacing (``clients.common.loopback``), deadlines or not.
+- a connection from this machine is sent without pacing (``clients.common.loopback``), deadlines or not;
 - what a connection is given to send goes out in the event loop's next turn (``ai1net.soon_writes``).
 
 The deadlines are timers of the asyncio loop that daphne runs Twisted on: Twisted's ``callLater`` on that

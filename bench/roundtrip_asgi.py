@@ -23,7 +23,8 @@ nothing else of the product: the question's read (the statement ``mobile.selecto
 its row not made into models), then one transaction with the answer's writes in the same number, kind and
 order (a conditional UPDATE with its INSERT, two INSERTs, a head's UPDATE with its INSERT; on PostgreSQL
 one statement each, sent in one pipeline as the answer's are; SQLite has no writing WITH, so two each
-there) into tables of the benchmark's own, and a durable COMMIT. What an answer costs at least on this
+there) into tables of the benchmark's own (the rows into the tunnel floors' ``bench_floor_item``), and a
+durable COMMIT. What an answer costs at least on this
 database before any of the product's Python: models, checks, the payloads, the audit's hashes, events.
 """
 
@@ -45,7 +46,8 @@ from rest_framework.response import Response  # noqa: E402
 
 from ai1net import sql  # noqa: E402
 from ai1net.handlers import KeptThreadsASGIHandler  # noqa: E402
-from bench.bench_asgi import application as inner  # noqa: E402 - sets Django up before the app's modules
+from bench.bench_asgi import _floor_create_table  # noqa: E402 - importing it sets Django up first
+from bench.bench_asgi import application as inner  # noqa: E402
 from mobile.api import AnswerSerializer, MobileView  # noqa: E402
 from mobile.models import Question  # noqa: E402
 from mobile.selectors import _own_question_plan  # noqa: E402
@@ -94,15 +96,11 @@ class FloorView(MobileView):
 _ROW_BODY = json.dumps({"question_id": "5f0c9a52-0d7e-4a55-9d1c-1f8e8f3f2f55", "via": "phone",
                         "answers": {"Proceed with the deploy?": ["Yes"]}, "other": {},
                         "answered_at": "2026-12-07T22:51:00.000000+00:00", "note": "x" * 96})
-_TABLES = {
-    "postgresql": ["CREATE TABLE IF NOT EXISTS bench_floor_gate (id integer PRIMARY KEY, n bigint NOT NULL)",
-                   "CREATE TABLE IF NOT EXISTS bench_floor_row (id bigserial PRIMARY KEY, body text NOT NULL)"],
-    "sqlite": ["CREATE TABLE IF NOT EXISTS bench_floor_gate (id integer PRIMARY KEY, n integer NOT NULL)",
-               "CREATE TABLE IF NOT EXISTS bench_floor_row (id integer PRIMARY KEY, body text NOT NULL)"],
-}
+# The rows go to the tunnel floors' table (bench.bench_asgi); the gate's is this floor's own.
+_GATE_TABLE = "CREATE TABLE IF NOT EXISTS bench_floor_gate (id integer PRIMARY KEY, n bigint NOT NULL)"
 _GATED = ("WITH gate AS (UPDATE bench_floor_gate SET n = n + 1 WHERE id = %s RETURNING n) "
-          "INSERT INTO bench_floor_row (body) SELECT %s FROM gate RETURNING id")
-_INSERT = "INSERT INTO bench_floor_row (body) VALUES (%s) RETURNING id"
+          "INSERT INTO bench_floor_item (payload) SELECT %s FROM gate RETURNING id")
+_INSERT = "INSERT INTO bench_floor_item (payload) VALUES (%s) RETURNING id"
 _GATE = "UPDATE bench_floor_gate SET n = n + 1 WHERE id = %s RETURNING n"
 _tables_made: set[str] = set()
 _tables_lock = threading.Lock()
@@ -113,8 +111,8 @@ def _floor_tables(conn: Any) -> None:
         if conn.alias in _tables_made:
             return
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            for statement in _TABLES[conn.vendor]:
-                cursor.execute(statement)
+            _floor_create_table()
+            cursor.execute(_GATE_TABLE)
             cursor.execute("INSERT INTO bench_floor_gate (id, n) VALUES (1, 0), (2, 0) ON CONFLICT (id) DO NOTHING")
         _tables_made.add(conn.alias)
 
