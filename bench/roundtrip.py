@@ -42,7 +42,8 @@ the bare baseline; ratios are against it) and, for reference, on ``/ws/echo-laye
 layer group_send, the path of the phone's doorbell). Figures are milliseconds. ``--json FILE`` appends
 the three rows of issue 10 per configuration (bench/report.py).
 
-Floors of the server time, each POSTed after each local question with that answer's body (bench/roundtrip_asgi.py):
+Floors of the server time, each POSTed after each local question with that answer's body, after the same
+50 ms pause as a question (bench/roundtrip_asgi.py):
 ``/bench/floor``, the stack alone (middleware, session, user, DRF view and checks, serializer), and
 ``/bench/floor-db``, that stack and then the answer's database work as bare statements (the question's
 read; the answer's writes of the same kinds, order and pipeline, into the benchmark's own tables; a
@@ -530,7 +531,11 @@ async def run_config(name: str, label: str, env: dict[str, str], args, workdir: 
             local1.append(a)
             local2.append(b)
             for _ in range(1 if args.quick else 2):  # between the questions, outside their timings
+                # Each after the pause an answer follows: right after a request the server (and its
+                # database's process) is warm, which flattered the floors (bench/NOTES.md).
+                await settle()
                 await world.floor()
+                await settle()
                 await world.floor_db()
         echo_after = await echo_rtt(f"{world.ws_url}/ws/echo", echo_samples)
     finally:
