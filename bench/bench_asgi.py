@@ -18,7 +18,9 @@
   the rows): ``/ws/floor-device?key=K`` and ``/ws/floor-outbox?key=K`` for deliver -> ack (each frame on the
   outbox socket: one durable INSERT in a thread as a device's request makes it, its id sent to the device
   socket; the device's ack: one UPDATE with the ack's relaxed commit in a tunnel-like database thread, then
-  ``{"acked": id}`` on the outbox socket); ``/ws/floor-connect`` for a connect (the bearer token's device
+  ``{"acked": id}`` on the outbox socket; across processes, ``?line=1`` on the device socket and ``?to=PORT``
+  on the other process's outbox socket send each item over a bare loopback line between the two, and an
+  outbox socket of the same key on the device's process gets the acks); ``/ws/floor-connect`` for a connect (the bearer token's device
   read after the accept, one presence write with the hello's relaxed commit on the first frame, then the
   frame echoed);
 - ``GET /bench/gc``: the cyclic collector's work in this process since the last such GET (``gc.callbacks``):
@@ -209,8 +211,40 @@ class _Keyed(_Lean):
             del self.registry[self.key]
 
 
+class _FloorLine:
+    """The bare route between two daphne processes for the cross-process floor: this process listens on a
+    loopback port (started once); each line ``key<TAB>frame`` from another process goes to that key's device
+    socket here. One kept connection per sending socket, as the product's stream relay keeps one."""
+
+    server: asyncio.AbstractServer | None = None
+
+    @classmethod
+    async def port(cls) -> int:
+        if cls.server is None:
+            cls.server = await asyncio.start_server(cls._serve, "127.0.0.1", 0)
+        return cls.server.sockets[0].getsockname()[1]
+
+    @staticmethod
+    async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                key, frame = line.decode().rstrip("\n").split("\t", 1)
+                device = _floor_devices.get(key)
+                if device is not None:
+                    await device.send(text_data=frame)
+        finally:
+            writer.close()
+
+
 class FloorDeviceConsumer(_Keyed):
+    """With ``?line=1``, its first frame is ``{"port": n}``: where another process sends this key's items."""
+
     registry = _floor_devices
+
+    async def connect(self):
+        await super().connect()
+        if parse_qs(self.scope.get("query_string", b"").decode()).get("line") == ["1"]:
+            await self.send(text_data=json.dumps({"port": await _FloorLine.port()}))
 
     async def receive(self, text_data=None, bytes_data=None):
         item_id = json.loads(text_data)["seq"]
@@ -219,16 +253,31 @@ class FloorDeviceConsumer(_Keyed):
 
 
 class FloorOutboxConsumer(_Keyed):
+    """With ``?to=PORT``, each item goes to the device socket of another process on this machine, over a
+    line to that port (``_FloorLine``); that process's outbox socket of the same key gets the acks."""
+
     registry = _floor_outboxes
+    line: asyncio.StreamWriter | None = None
 
     async def connect(self):
         await _floor_request_db.call(_floor_create_table)
+        port = parse_qs(self.scope.get("query_string", b"").decode()).get("to")
+        if port:
+            _, self.line = await asyncio.open_connection("127.0.0.1", int(port[0]))
         await super().connect()
+
+    async def disconnect(self, code):
+        if self.line is not None:
+            self.line.close()
+        await super().disconnect(code)
 
     async def receive(self, text_data=None, bytes_data=None):
         item_id = await _floor_request_db.call(_floor_insert, text_data)
-        await _floor_devices[self.key].send(
-            text_data=json.dumps({"method": "deliver", "params": {"seq": item_id, "payload": text_data}}))
+        frame = json.dumps({"method": "deliver", "params": {"seq": item_id, "payload": text_data}})
+        if self.line is not None:
+            self.line.write(f"{self.key}\t{frame}\n".encode())
+        else:
+            await _floor_devices[self.key].send(text_data=frame)
 
 
 class FloorConnectConsumer(_Lean):

@@ -22,10 +22,11 @@ Rows (bench/report.py):
   alternately with it. With 2 daphne: once with the enqueue on the tunnel's process, once on the
   other one (the doorbell goes to the tunnel's process over its stream relay, devices.web.relay; beside
   the direct echo, a frame sent on one daphne and received on the other through the layer: the route
-  the doorbell takes when the relay cannot take it). Beside it on the tunnel's daphne, also sampled
-  alternately, a floor: the same four frames and two writes (a durable INSERT, then the ack's UPDATE with
-  its relaxed commit), each in a database thread as the product's, without the product (bench_asgi's
-  floor-outbox and floor-device).
+  the doorbell takes when the relay cannot take it). Beside it, also sampled alternately, a floor: the same
+  four frames and two writes (a durable INSERT, then the ack's UPDATE with its relaxed commit), each in a
+  database thread as the product's, without the product (bench_asgi's floor-outbox and floor-device); with
+  the enqueue on the other daphne, the INSERT is made there and the item crosses to the tunnel's daphne
+  over a bare loopback line kept between the two (a newline per item: the least a crossing costs).
 - tunnel connects/s vs echo: N sockets opened (50 handshakes in flight, all kept open), each ready
   for work: the tunnel's hello answered; the echo's first frame answered. The N bridges have connected
   before, as after a platform restart (the switch sent to each and applied): the storm a platform
@@ -440,8 +441,9 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
                       floor: bool = False) -> dict[str, list[float]]:
     """Interleaved samples: deliver -> ack (see the module doc), echo round trip, with ``relay``
     (sender url, receiver url) a frame relayed through the layer from one daphne to the other, and with
-    ``floor`` the same four frames and two writes on the tunnel's daphne without the product (bench_asgi's
-    floor-outbox and floor-device)."""
+    ``floor`` the same four frames and two writes without the product (bench_asgi's floor-outbox and
+    floor-device): on the tunnel's daphne, or with ``relay`` the INSERT on the driver's and the item over a bare
+    line to the tunnel's."""
     device_id, token = device
     ws = await tunnel_open(tunnel_url, token)
     acks = await websockets.connect(f"{tunnel_url}/ws/bench-acks", ping_interval=None)
@@ -452,13 +454,22 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
     if relay:
         relay_out = await websockets.connect(f"{relay[0]}/ws/echo-layer?group={group}&listen=0", ping_interval=None)
         relay_in = await websockets.connect(f"{relay[1]}/ws/echo-layer?group={group}", ping_interval=None)
-    floor_outbox = floor_device = None
+    floor_outbox = floor_device = floor_acks = None
     if floor:
         key = uuid.uuid4().hex
-        floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}", ping_interval=None)
-        floor_outbox = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}", ping_interval=None)
+        if relay is None:
+            floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}", ping_interval=None)
+            floor_outbox = floor_acks = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}",
+                                                                 ping_interval=None)
+        else:  # enqueued on the driver's daphne, the item crossing to the tunnel's over a bare loopback line
+            floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}&line=1",
+                                                    ping_interval=None)
+            port = json.loads(await floor_device.recv())["port"]
+            floor_acks = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}", ping_interval=None)
+            floor_outbox = await websockets.connect(f"{driver_url}/ws/floor-outbox?key={key}&to={port}",
+                                                    ping_interval=None)
         for _ in range(200):  # its statements have their first runs (and prepared forms) on every pooled connection
-            await floor_round(floor_outbox, floor_device)
+            await floor_round(floor_outbox, floor_device, floor_acks)
     out: dict[str, list[float]] = {"deliver": [], "ack": [], "echo": [], "relay": [], "floor": []}
     try:
         await acks.send(device_id)
@@ -491,7 +502,7 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
                 relay_done = time.perf_counter()
             if floor_outbox is not None:
                 start_floor = time.perf_counter()
-                await floor_round(floor_outbox, floor_device)
+                await floor_round(floor_outbox, floor_device, floor_acks)
                 floor_done = time.perf_counter()
             if k < 20:
                 continue  # warm-up
@@ -503,18 +514,18 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
             if floor_outbox is not None:
                 out["floor"].append((floor_done - start_floor) * 1000)
     finally:
-        for sock in (ws, acks, driver, echo, relay_out, relay_in, floor_outbox, floor_device):
-            if sock is not None:
-                await sock.close()
+        for sock in {ws, acks, driver, echo, relay_out, relay_in, floor_outbox, floor_device, floor_acks} - {None}:
+            await sock.close()
     return out
 
 
-async def floor_round(outbox, device) -> None:
-    """One item through the floor: sent on the outbox socket, delivered, acked, its ack recorded."""
+async def floor_round(outbox, device, acks) -> None:
+    """One item through the floor: sent on the outbox socket, delivered, acked, its ack recorded (said on
+    ``acks``: the outbox socket itself, or across processes one of the device's process)."""
     await outbox.send(PAYLOAD)
     item = json.loads(await device.recv())["params"]["seq"]
     await device.send(json.dumps({"seq": item}))
-    assert json.loads(await outbox.recv())["acked"] == item
+    assert json.loads(await acks.recv())["acked"] == item
 
 
 async def device_calls(caller_url: str, tunnel_url: str, device: tuple[str, str], samples: int,
@@ -621,7 +632,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
         collector(servers)  # from here
         got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay,
-                                floor=relay is None)
+                                floor=True)
         profiler.stop()
         ratio = pct(got["ack"], .99) / pct(got["echo"], .99)
         notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}",
@@ -634,9 +645,11 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
             notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "
                          "(the enqueue, the ack)")
         floor_ratio = pct(got["floor"], .99) / pct(got["echo"], .99) if got["floor"] else None
+        crossing = (", the item crossing from the other daphne to the tunnel's over a bare loopback line"
+                    if relay else "")
         if floor_ratio is not None:
             notes.append(f"the floor (the same four frames, a durable INSERT and a relaxed UPDATE, each in a "
-                         f"database thread, without the product): {ms(got['floor'])}, "
+                         f"database thread{crossing}, without the product): {ms(got['floor'])}, "
                          f"{floor_ratio:.2f}x echo p99; "
                          f"deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['floor'], .99):.2f}x the floor's")
         if relay:
@@ -648,7 +661,8 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
             print(f"    {note}")
         rows.append(Row(path=path, config=config, measured=ms(got["ack"]), baseline=baseline, ratio=round(ratio, 2),
                         value=round(ratio, 2), target="<= 3", unit="x echo p99", notes=notes,
-                        floor="frames and writes without the product" if floor_ratio is not None else "",
+                        floor=(("frames, writes and a line between the processes without the product" if relay
+                                else "frames and writes without the product") if floor_ratio is not None else ""),
                         floor_value=None if floor_ratio is None else round(floor_ratio, 2)))
         await settle(servers)
     for where, caller in callers if "calls" in args.rows else []:
