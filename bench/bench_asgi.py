@@ -20,9 +20,9 @@
   socket; the device's ack: one UPDATE with the ack's relaxed commit in a tunnel-like database thread, then
   ``{"acked": id}`` on the outbox socket; across processes, ``?line=1`` on the device socket and ``?to=PORT``
   on the other process's outbox socket send each item over a bare loopback line between the two, and an
-  outbox socket of the same key on the device's process gets the acks); ``/ws/floor-connect`` for a connect (the bearer token's device
-  read after the accept, one presence write with the hello's relaxed commit on the first frame, then the
-  frame echoed);
+  outbox socket of the same key on the device's process gets the acks); ``/ws/floor-connect`` for a connect
+  (the bearer token's device read after the accept, one presence write with the hello's relaxed commit on the
+  first frame, then the frame echoed);
 - ``GET /bench/gc``: the cyclic collector's work in this process since the last such GET (``gc.callbacks``):
   ``{"collections": n, "ms": total, "longest_ms": ..., "full": n, "longest": {"generation", "collected"}}``;
   every socket of the process waits while it runs.
