@@ -58,6 +58,10 @@ from devices.models import Device  # noqa: E402
 from devices.rpc import device_method  # noqa: E402
 
 
+def _query(scope: dict[str, Any]) -> dict[str, list[str]]:
+    return parse_qs(scope.get("query_string", b"").decode())
+
+
 class EchoConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         await self.send(text_data=text_data)
@@ -65,7 +69,7 @@ class EchoConsumer(AsyncWebsocketConsumer):
 
 class LayerEchoConsumer(AsyncWebsocketConsumer):
     async def connect(self):
-        query = parse_qs(self.scope.get("query_string", b"").decode())
+        query = _query(self.scope)
         self.group = query.get("group", [f"echo.{uuid.uuid4().hex}"])[0]
         self.listen = query.get("listen", ["1"])[0] != "0"
         if self.listen:
@@ -202,7 +206,7 @@ class _Keyed(_Lean):
     registry: dict[str, Any]
 
     async def connect(self):
-        self.key = parse_qs(self.scope.get("query_string", b"").decode()).get("key", [""])[0]
+        self.key = _query(self.scope).get("key", [""])[0]
         self.registry[self.key] = self
         await self.accept()
 
@@ -243,7 +247,7 @@ class FloorDeviceConsumer(_Keyed):
 
     async def connect(self):
         await super().connect()
-        if parse_qs(self.scope.get("query_string", b"").decode()).get("line") == ["1"]:
+        if _query(self.scope).get("line") == ["1"]:
             await self.send(text_data=json.dumps({"port": await _FloorLine.port()}))
 
     async def receive(self, text_data=None, bytes_data=None):
@@ -261,7 +265,7 @@ class FloorOutboxConsumer(_Keyed):
 
     async def connect(self):
         await _floor_request_db.call(_floor_create_table)
-        port = parse_qs(self.scope.get("query_string", b"").decode()).get("to")
+        port = _query(self.scope).get("to")
         if port:
             _, self.line = await asyncio.open_connection("127.0.0.1", int(port[0]))
         await super().connect()

@@ -437,13 +437,11 @@ def _short(frame: str) -> str:
 # --- the rows ---------------------------------------------------------------------------------
 
 async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str], samples: int,
-                      echo_url: str, relay: tuple[str, str] | None = None,
-                      floor: bool = False) -> dict[str, list[float]]:
+                      echo_url: str, relay: tuple[str, str] | None = None) -> dict[str, list[float]]:
     """Interleaved samples: deliver -> ack (see the module doc), echo round trip, with ``relay``
-    (sender url, receiver url) a frame relayed through the layer from one daphne to the other, and with
-    ``floor`` the same four frames and two writes without the product (bench_asgi's floor-outbox and
-    floor-device): on the tunnel's daphne, or with ``relay`` the INSERT on the driver's and the item over a bare
-    line to the tunnel's."""
+    (sender url, receiver url) a frame relayed through the layer from one daphne to the other, and the floor: the
+    same four frames and two writes without the product (bench_asgi's floor-outbox and floor-device), on the
+    tunnel's daphne, or with ``relay`` the INSERT on the driver's and the item over a bare line to the tunnel's."""
     device_id, token = device
     ws = await tunnel_open(tunnel_url, token)
     acks = await websockets.connect(f"{tunnel_url}/ws/bench-acks", ping_interval=None)
@@ -454,22 +452,19 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
     if relay:
         relay_out = await websockets.connect(f"{relay[0]}/ws/echo-layer?group={group}&listen=0", ping_interval=None)
         relay_in = await websockets.connect(f"{relay[1]}/ws/echo-layer?group={group}", ping_interval=None)
-    floor_outbox = floor_device = floor_acks = None
-    if floor:
-        key = uuid.uuid4().hex
-        if relay is None:
-            floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}", ping_interval=None)
-            floor_outbox = floor_acks = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}",
-                                                                 ping_interval=None)
-        else:  # enqueued on the driver's daphne, the item crossing to the tunnel's over a bare loopback line
-            floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}&line=1",
-                                                    ping_interval=None)
-            port = json.loads(await floor_device.recv())["port"]
-            floor_acks = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}", ping_interval=None)
-            floor_outbox = await websockets.connect(f"{driver_url}/ws/floor-outbox?key={key}&to={port}",
-                                                    ping_interval=None)
-        for _ in range(200):  # its statements have their first runs (and prepared forms) on every pooled connection
-            await floor_round(floor_outbox, floor_device, floor_acks)
+    key = uuid.uuid4().hex
+    if relay is None:
+        floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}", ping_interval=None)
+        floor_outbox = floor_acks = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}",
+                                                             ping_interval=None)
+    else:  # enqueued on the driver's daphne, the item crossing to the tunnel's over a bare loopback line
+        floor_device = await websockets.connect(f"{tunnel_url}/ws/floor-device?key={key}&line=1", ping_interval=None)
+        port = json.loads(await floor_device.recv())["port"]
+        floor_acks = await websockets.connect(f"{tunnel_url}/ws/floor-outbox?key={key}", ping_interval=None)
+        floor_outbox = await websockets.connect(f"{driver_url}/ws/floor-outbox?key={key}&to={port}",
+                                                ping_interval=None)
+    for _ in range(200):  # its statements have their first runs (and prepared forms) on every pooled connection
+        await floor_round(floor_outbox, floor_device, floor_acks)
     out: dict[str, list[float]] = {"deliver": [], "ack": [], "echo": [], "relay": [], "floor": []}
     try:
         await acks.send(device_id)
@@ -500,10 +495,9 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
                 await relay_out.send(PAYLOAD)
                 await relay_in.recv()
                 relay_done = time.perf_counter()
-            if floor_outbox is not None:
-                start_floor = time.perf_counter()
-                await floor_round(floor_outbox, floor_device, floor_acks)
-                floor_done = time.perf_counter()
+            start_floor = time.perf_counter()
+            await floor_round(floor_outbox, floor_device, floor_acks)
+            floor_done = time.perf_counter()
             if k < 20:
                 continue  # warm-up
             out["deliver"].append((delivered - start) * 1000)
@@ -511,8 +505,7 @@ async def deliver_ack(driver_url: str, tunnel_url: str, device: tuple[str, str],
             out["echo"].append((echo_done - start_echo) * 1000)
             if relay_out is not None:
                 out["relay"].append((relay_done - start_relay) * 1000)
-            if floor_outbox is not None:
-                out["floor"].append((floor_done - start_floor) * 1000)
+            out["floor"].append((floor_done - start_floor) * 1000)
     finally:
         for sock in {ws, acks, driver, echo, relay_out, relay_in, floor_outbox, floor_device, floor_acks} - {None}:
             await sock.close()
@@ -631,8 +624,7 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
     for where, driver, relay in pairs if "deliver" in args.rows else []:
         profiler.start(f"deliver-ack-{where.replace(' ', '-')}", servers)
         collector(servers)  # from here
-        got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay,
-                                floor=True)
+        got = await deliver_ack(driver.url, tunnel_server.url, devices[0], args.samples, tunnel_server.url, relay)
         profiler.stop()
         ratio = pct(got["ack"], .99) / pct(got["echo"], .99)
         notes = [f"{len(got['ack'])} samples; deliver frame at the device after {ms(got['deliver'])}",
@@ -644,14 +636,13 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
         if floor:
             notes.append(f"one durable commit on this PostgreSQL: {ms(floor)}; the path commits twice "
                          "(the enqueue, the ack)")
-        floor_ratio = pct(got["floor"], .99) / pct(got["echo"], .99) if got["floor"] else None
+        floor_ratio = pct(got["floor"], .99) / pct(got["echo"], .99)
         crossing = (", the item crossing from the other daphne to the tunnel's over a bare loopback line"
                     if relay else "")
-        if floor_ratio is not None:
-            notes.append(f"the floor (the same four frames, a durable INSERT and a relaxed UPDATE, each in a "
-                         f"database thread{crossing}, without the product): {ms(got['floor'])}, "
-                         f"{floor_ratio:.2f}x echo p99; "
-                         f"deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['floor'], .99):.2f}x the floor's")
+        notes.append(f"the floor (the same four frames, a durable INSERT and a relaxed UPDATE, each in a "
+                     f"database thread{crossing}, without the product): {ms(got['floor'])}, "
+                     f"{floor_ratio:.2f}x echo p99; "
+                     f"deliver -> ack p99 = {pct(got['ack'], .99) / pct(got['floor'], .99):.2f}x the floor's")
         if relay:
             notes.append(f"the doorbell crosses over the tunnel's stream relay; a bare frame relayed from the other "
                          f"daphne through the layer instead: {ms(got['relay'])} "
@@ -661,9 +652,9 @@ async def run_rows(config: str, servers: list[Server], devices: list[tuple[str, 
             print(f"    {note}")
         rows.append(Row(path=path, config=config, measured=ms(got["ack"]), baseline=baseline, ratio=round(ratio, 2),
                         value=round(ratio, 2), target="<= 3", unit="x echo p99", notes=notes,
-                        floor=(("frames, writes and a line between the processes without the product" if relay
-                                else "frames and writes without the product") if floor_ratio is not None else ""),
-                        floor_value=None if floor_ratio is None else round(floor_ratio, 2)))
+                        floor=("frames, writes and a line between the processes without the product" if relay
+                               else "frames and writes without the product"),
+                        floor_value=round(floor_ratio, 2)))
         await settle(servers)
     for where, caller in callers if "calls" in args.rows else []:
         profiler.start(f"calls-{where.replace(' ', '-')}", servers)
