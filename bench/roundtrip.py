@@ -20,8 +20,8 @@ matching Origin), a bridge is paired through the JSON API and its daemon runs. T
 time, in one agent session:
 
 - leg 1 (hook):  t0 = the hook process is started, with the command line ``hooks install`` writes
-                 (``python -I -S -c <the hook's entry> ai1net-bridge.pyz --home H hook --window 120
-                 --answer-style allow``),
+                 (``python -I -S -c <the hook's entry> ai1net-bridge.pyz H/hook-cache --home H hook
+                 --window 120 --answer-style allow``, the hook's modules read from their copy in H),
                  PreToolUse AskUserQuestion on stdin -> t1 = the phone's socket receives
                  ``mobile.question.created``; includes the interpreter start-up of the hook;
 - leg 2 (hook):  the phone POSTs /api/mobile/answer (CSRF) -> t2 = the hook prints its JSON line;
@@ -80,6 +80,7 @@ import websockets  # noqa: E402
 
 from bench import client_pyz, daphne_env, stop_cleanly_on_sigterm  # noqa: E402
 from bench.report import Row, append, pct  # noqa: E402
+from clients.bridge import hook_cache  # noqa: E402
 from clients.bridge.hook import Daemon  # noqa: E402 - the hook's own loopback client
 from clients.bridge.hooks_install import hook_command, precompile_hook, pyz_launcher  # noqa: E402
 
@@ -106,9 +107,9 @@ def ms(start: float, end: float) -> float:
 
 
 # How the bridge and its hook start (``--client``; main() sets them): the bridge's argv before its command,
-# and the hook's launcher (None: ``hooks install``'s default from a checkout, clients/bridge/run_hook.py).
+# and the .pyz the hook runs from (None: ``hooks install``'s default from a checkout, clients/bridge/run_hook.py).
 BRIDGE = [sys.executable, "-m", "clients.bridge"]
-HOOK_LAUNCHER: str | None = None
+HOOK_PYZ: str | None = None
 
 
 def client_env() -> dict[str, str]:
@@ -391,11 +392,17 @@ async def echo_rtt(url: str, samples: int) -> list[float]:
 
 
 def hook_argv(world: World) -> tuple[list[str], dict[str, str]]:
-    """The command ``hooks install`` writes into settings.json (from this checkout), as argv + env, with
-    the bytecode ``hooks install`` writes (this environment sets PYTHONDONTWRITEBYTECODE)."""
-    if HOOK_LAUNCHER is None:
+    """The command ``hooks install`` writes into settings.json, as argv + env, with what ``hooks install``
+    writes for it: from a checkout the bytecode (this environment sets PYTHONDONTWRITEBYTECODE), from the
+    .pyz the copy of its modules in the bridge's home (``clients.bridge.hook_cache``)."""
+    if HOOK_PYZ is None:
         precompile_hook()
-    words = shlex.split(hook_command(home=world.home, launcher=HOOK_LAUNCHER, window=120, style="allow"))
+        launcher = None
+    else:  # with the copy of its modules that `hooks install` writes into the bridge's home
+        cache = hook_cache.cache_dir(world.home)
+        hook_cache.extract(Path(HOOK_PYZ), cache)
+        launcher = pyz_launcher(HOOK_PYZ, sys.executable, cache)
+    words = shlex.split(hook_command(home=world.home, launcher=launcher, window=120, style="allow"))
     env = client_env()
     while words and "=" in words[0] and not words[0].startswith(("/", "-")):
         name, value = words.pop(0).split("=", 1)
@@ -635,11 +642,11 @@ async def main() -> None:
                         help="run the bridge and its hook from a .pyz built for the run (as users do), or the checkout")
     args = parser.parse_args()
     stop_cleanly_on_sigterm()
-    global HOOK_LAUNCHER
+    global HOOK_PYZ
     if args.client == "pyz":
         pyz = client_pyz()
         BRIDGE[:] = [sys.executable, "-I", "-S", pyz]
-        HOOK_LAUNCHER = pyz_launcher(pyz, sys.executable)
+        HOOK_PYZ = str(pyz)
     if args.questions is None:
         args.questions = QUICK_QUESTIONS if args.quick else 300
     if args.questions < 1:

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from clients.bridge.hooks_install import PYZ_HOOK_ENTRY
+from clients.bridge import hook_cache
+from clients.bridge.hooks_install import PYZ_HOOK_ENTRY_CACHED
 from clients.bridge.local_api import LocalApi
 from tests.e2e_support import ROOT
 
@@ -47,7 +48,8 @@ def run(command, cwd, event):
 def test_the_pyz_installs_a_command_that_runs_itself_and_fails_open(pyz, tmp_path):
     home = tmp_path / "home"
     settings, command = install(pyz, tmp_path, home)
-    assert f"{pyz} --home {home.resolve()} hook --window 120 --answer-style allow" in command
+    cache = home.resolve() / "hook-cache"
+    assert f"{pyz} {cache} --home {home.resolve()} hook --window 120 --answer-style allow" in command
     assert "PYTHONPATH" not in command
     done, elapsed = run(command, tmp_path, {"hook_event_name": "UserPromptSubmit", "session_id": "s", "prompt": "x"})
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
@@ -55,6 +57,21 @@ def test_the_pyz_installs_a_command_that_runs_itself_and_fails_open(pyz, tmp_pat
     rollback = subprocess.run([*BARE, str(pyz), "--home", str(home), "hooks", "install", "--rollback"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert rollback.returncode == 0 and not settings.exists()
+    # The copy stays: it is in the bridge's home and serves the next install as it is.
+    assert (cache / hook_cache.key(pyz) / "clients" / "bridge" / "hook.py").is_file()
+
+
+REPORT = ("import atexit, sys; atexit.register(lambda: sys.__stderr__.write(' '.join(sorted(sys.modules)) + '\\n' + "
+          "sys.modules['clients.bridge.hook'].__file__)); ")
+
+
+def run_reporting(command, cwd, event):
+    """The command with its entry reporting the modules it imported and where the hook came from."""
+    command = command.replace(shlex.quote(PYZ_HOOK_ENTRY_CACHED), shlex.quote(REPORT + PYZ_HOOK_ENTRY_CACHED))
+    done, _ = run(command, cwd, event)
+    assert done.returncode == 0 and not done.stdout, done.stderr
+    modules, hook_file = done.stderr.decode().rsplit("\n", 1)
+    return set(modules.split()), hook_file
 
 
 def test_the_pyz_hook_command_skips_runpy_and_imports_only_cheap_modules(pyz, tmp_path):
@@ -62,16 +79,41 @@ def test_the_pyz_hook_command_skips_runpy_and_imports_only_cheap_modules(pyz, tm
     functools: 6 ms of every hook call): the installed command imports the hook out of the archive with -c."""
     home = tmp_path / "home"
     _, command = install(pyz, tmp_path, home)
-    assert f" -I -S -c {shlex.quote(PYZ_HOOK_ENTRY)} {pyz} --home" in command
-    report = "import atexit, sys; atexit.register(lambda: sys.__stderr__.write(' '.join(sorted(sys.modules)))); "
-    command = command.replace(shlex.quote(PYZ_HOOK_ENTRY), shlex.quote(report + PYZ_HOOK_ENTRY))
-    done, _ = run(command, tmp_path, {"hook_event_name": "Stop", "session_id": "s"})
-    assert done.returncode == 0 and not done.stdout, done.stderr
-    modules = set(done.stderr.decode().split())
+    cache = home.resolve() / "hook-cache"
+    assert f" -I -S -c {shlex.quote(PYZ_HOOK_ENTRY_CACHED)} {pyz} {cache} --home" in command
+    modules, hook_file = run_reporting(command, tmp_path, {"hook_event_name": "Stop", "session_id": "s"})
     assert "clients.bridge.hook" in modules, modules
     # zlib: the modules a hook call reads are stored uncompressed in the archive (clients/build.py).
     assert not modules & {"runpy", "importlib.util", "contextlib", "argparse", "asyncio", "logging", "websockets",
                           "clients.bridge.cli", "clients.bridge.__main__", "zlib"}, modules
+    # ... and copied out of it by `hooks install`, compiled: no zipimport reads the archive's directory.
+    assert hook_file == str(cache / hook_cache.key(pyz) / "clients" / "bridge" / "hook.py")
+
+
+def test_the_pyz_hook_reads_the_archive_once_it_changed_until_its_copy_is_written(pyz, tmp_path):
+    """The copy is named after the archive as it is on disk: a new version (a new file in its place) is read
+    from the archive, then from its own copy once `hooks install` (or the bridge's start) wrote it."""
+    bridge = tmp_path / "bin" / "ai1net-bridge.pyz"
+    bridge.parent.mkdir()
+    bridge.write_bytes(pyz.read_bytes())
+    home = tmp_path / "home"
+    _, command = install(bridge, tmp_path, home)
+    cache = home.resolve() / "hook-cache"
+    first = hook_cache.key(bridge)
+    event = {"hook_event_name": "Stop", "session_id": "s"}
+    assert run_reporting(command, tmp_path, event)[1].startswith(str(cache / first) + "/")
+
+    update = bridge.with_name("download.tmp")
+    update.write_bytes(pyz.read_bytes())
+    update.replace(bridge)  # how a new version lands: the same path, another file
+    assert hook_cache.key(bridge) != first
+    modules, hook_file = run_reporting(command, tmp_path, event)
+    assert hook_file == f"{bridge}/clients/bridge/hook.pyc", hook_file  # from the archive itself, still working
+    assert not modules & {"runpy", "argparse", "asyncio", "zlib"}, modules
+
+    install(bridge, tmp_path, home)  # the same command: settings.json unchanged, the new archive's copy written
+    assert run_reporting(command, tmp_path, event)[1].startswith(str(cache / hook_cache.key(bridge)) + "/")
+    assert sorted(path.name for path in cache.iterdir()) == sorted([first, hook_cache.key(bridge)])  # a day each
 
 
 async def test_the_pyz_hook_talks_to_the_daemon(pyz, tmp_path):

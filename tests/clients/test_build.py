@@ -13,6 +13,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 import pytest
 
 from clients import protocol
+from clients.bridge import hook_cache
 from clients.build import HOT_MODULES
 from clients.common.credentials import Credential, save_credential
 from tests.clients.fakes import FakePairingServer, FakeTunnelServer, approved
@@ -82,6 +83,26 @@ async def test_the_bridge_pyz_speaks_the_tunnel(built, tmp_path):
     assert process.returncode == 3, err.decode()
     assert "revoked by its owner" in err.decode()
     assert server.handshakes[0]["authorization"] == f"Bearer {server.token}"
+
+
+@pytest.mark.parametrize("hooks_installed", [True, False])
+async def test_the_bridge_pyz_writes_its_hooks_copy_at_start(built, tmp_path, hooks_installed):
+    """After an update the hooks read the archive until its copy is written (hook_cache): the bridge's start
+    writes it where `hooks install` made the cache, and writes nothing where hooks were never installed."""
+    pyz = built / "ai1net-bridge.pyz"
+    if hooks_installed:
+        (tmp_path / "hook-cache").mkdir()
+    async with FakeTunnelServer() as server:
+        save_credential(tmp_path, Credential(url=server.url, device_id="d", token=server.token, kind="bridge", name="n"))
+        server.close_on_connect = protocol.CLOSE_REVOKED  # it stops at once: the copy is written all the same
+        process = await asyncio.create_subprocess_exec(
+            *BARE, str(pyz), "--home", str(tmp_path), "run", cwd=str(tmp_path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 3, err.decode()
+    copy = tmp_path / "hook-cache" / hook_cache.key(pyz)
+    assert (copy / "clients" / "bridge" / "hook.py").is_file() is hooks_installed
+    assert (tmp_path / "hook-cache").exists() is hooks_installed
 
 
 def test_the_probe_pyz_runs_when_the_probe_exists(built, tmp_path):
