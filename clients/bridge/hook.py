@@ -16,8 +16,8 @@ there is a daemon to ask, ``_socket`` (a plain HTTP/1.1 request: ``http.client``
 prints its start-up beside a bare interpreter.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: it imports the ``__future__`` module when this one runs (0.12-0.15
+# ms of each hook call), so the annotations naming typing's names are written as strings.
 import os
 import sys
 import time
@@ -51,10 +51,10 @@ class _ScanContext:
     parse_float = float
     parse_int = int
     parse_constant = _CONSTANTS.__getitem__
-    memo: Dict[str, Any] = {}
+    memo: "Dict[str, Any]" = {}
 
 
-def loads(data: Any) -> Any:
+def loads(data: "Any") -> "Any":
     """``json.loads`` for UTF-8 text or bytes, through the C scanner ``json`` itself uses."""
     text = data.decode("utf-8-sig") if isinstance(data, (bytes, bytearray)) else str(data)
     try:
@@ -73,7 +73,7 @@ def loads(data: Any) -> Any:
     return value
 
 
-def dumps(value: Any) -> str:
+def dumps(value: "Any") -> str:
     """``json.dumps(value)`` (ASCII, ", " and ": ") for what JSON can hold; anything else: TypeError."""
     try:
         from _json import encode_basestring_ascii as quote
@@ -107,11 +107,11 @@ def dumps(value: Any) -> str:
 
 # --- formatting (pure) -----------------------------------------------------------------------
 def answer_values(
-    questions: List[Dict[str, Any]], answers: Dict[str, Any], other: Optional[Dict[str, Any]]
-) -> Dict[str, str]:
+    questions: "List[Dict[str, Any]]", answers: "Dict[str, Any]", other: "Optional[Dict[str, Any]]"
+) -> "Dict[str, str]":
     """Question text -> "label, label[, free text]", in the order the questions were asked."""
     other = other or {}
-    values: Dict[str, str] = {}
+    values: "Dict[str, str]" = {}
     for item in questions:
         text = item.get("question") if isinstance(item, dict) else None
         if not isinstance(text, str):
@@ -129,8 +129,8 @@ def answer_values(
 
 
 def pre_tool_use_output(
-    tool_input: Dict[str, Any], answers: Dict[str, Any], other: Optional[Dict[str, Any]], style: str = "allow"
-) -> Optional[Dict[str, Any]]:
+    tool_input: "Dict[str, Any]", answers: "Dict[str, Any]", other: "Optional[Dict[str, Any]]", style: str = "allow"
+) -> "Optional[Dict[str, Any]]":
     questions = tool_input.get("questions") or []
     values = answer_values(questions, answers, other)
     if not values:
@@ -153,14 +153,14 @@ def pre_tool_use_output(
     }
 
 
-def user_prompt_output(texts: List[str]) -> Optional[Dict[str, Any]]:
+def user_prompt_output(texts: "List[str]") -> "Optional[Dict[str, Any]]":
     if not texts:
         return None
     context = "\n\n".join(f"Message from the user's phone: {text}" for text in texts)
     return {"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": context}}
 
 
-def stop_output(text: str) -> Dict[str, Any]:
+def stop_output(text: str) -> "Dict[str, Any]":
     return {"decision": "block", "reason": text}
 
 
@@ -182,7 +182,7 @@ class Daemon:
         self.port = int(info["port"])
         self.secret = str(info["secret"])
 
-    def post(self, route: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    def post(self, route: str, body: "Dict[str, Any]", timeout: float) -> "Dict[str, Any]":
         """POST /v1/<route> to the daemon and return its JSON object (HTTP/1.1, one connection each).
 
         Through ``_socket``, the C module: ``socket`` itself imports ``selectors``, ``enum`` and more, and
@@ -214,8 +214,8 @@ class Daemon:
         return result
 
     def post_retrying(
-        self, route: str, body: Dict[str, Any], timeout: float, deadline: float
-    ) -> Optional[Dict[str, Any]]:
+        self, route: str, body: "Dict[str, Any]", timeout: float, deadline: float
+    ) -> "Optional[Dict[str, Any]]":
         """Keep trying until `deadline` while the daemon restarts (it may come back on a new port)."""
         while True:
             try:
@@ -230,7 +230,7 @@ class Daemon:
                     pass
 
 
-def _read_response(connection: Any, deadline: float) -> tuple:
+def _read_response(connection: "Any", deadline: float) -> tuple:
     """(status, body) of one HTTP/1.1 response with a Content-Length (what the local API sends)."""
     buffer = b""
     while b"\r\n\r\n" not in buffer:
@@ -252,7 +252,7 @@ def _read_response(connection: Any, deadline: float) -> tuple:
     return status, body[:length]
 
 
-def _recv(connection: Any, deadline: float) -> bytes:
+def _recv(connection: "Any", deadline: float) -> bytes:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError("the daemon did not answer in time")
@@ -276,7 +276,7 @@ def _alive(pid: int) -> bool:
 
 
 # --- events ----------------------------------------------------------------------------------
-def handle(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) -> Optional[Dict[str, Any]]:
+def handle(event: "Dict[str, Any]", daemon: Daemon, *, window: float, style: str) -> "Optional[Dict[str, Any]]":
     name = event.get("hook_event_name")
     session_id = event.get("session_id")
     if not isinstance(session_id, str) or not session_id:
@@ -327,7 +327,7 @@ def handle(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) 
     return None
 
 
-def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style: str) -> Optional[Dict[str, Any]]:
+def _pre_tool_use(event: "Dict[str, Any]", daemon: Daemon, *, window: float, style: str) -> "Optional[Dict[str, Any]]":
     tool_input = event.get("tool_input")
     if not isinstance(tool_input, dict) or not isinstance(tool_input.get("questions"), list):
         return None
@@ -338,8 +338,8 @@ def _pre_tool_use(event: Dict[str, Any], daemon: Daemon, *, window: float, style
     return pre_tool_use_output(tool_input, result.get("answers") or {}, result.get("other"), style)
 
 
-def ask_and_wait(event: Dict[str, Any], daemon: Daemon, *, tool_use_id: str, tool_input: Dict[str, Any],
-                 window: float) -> Optional[Dict[str, Any]]:
+def ask_and_wait(event: "Dict[str, Any]", daemon: Daemon, *, tool_use_id: str, tool_input: "Dict[str, Any]",
+                 window: float) -> "Optional[Dict[str, Any]]":
     """Put ``tool_input`` (AskUserQuestion's shape) to the phone and wait: the daemon's "answered" reply,
     or None (no answer in time, moved, skipped, the daemon unreachable)."""
     deadline = time.monotonic() + window
@@ -361,7 +361,7 @@ def ask_and_wait(event: Dict[str, Any], daemon: Daemon, *, tool_use_id: str, too
 
 
 def wait_for_answer(daemon: Daemon, question_id: str, deadline: float, *, poll_sec: float = LONG_POLL_SEC,
-                    stop: Optional[Any] = None) -> Optional[Dict[str, Any]]:
+                    stop: "Optional[Any]" = None) -> "Optional[Dict[str, Any]]":
     """Wait for the phone's answer to ``question_id`` until ``deadline``, then give it up to the desk (an
     answer that came in just in time still counts). The daemon's "answered" reply, or None: moved, gone,
     the daemon unreachable, or ``stop()`` true before a poll (the permission hook's desk watch)."""
@@ -389,7 +389,7 @@ def wait_for_answer(daemon: Daemon, question_id: str, deadline: float, *, poll_s
             return None
 
 
-def _stop(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[Dict[str, Any]]:
+def _stop(event: "Dict[str, Any]", daemon: Daemon, *, window: float) -> "Optional[Dict[str, Any]]":
     body = {"session_id": event["session_id"], "stop_hook_active": bool(event.get("stop_hook_active"))}
     said = event.get("last_assistant_message")
     if isinstance(said, str) and said:
@@ -417,7 +417,7 @@ def _stop(event: Dict[str, Any], daemon: Daemon, *, window: float) -> Optional[D
 
 
 def run(
-    home: str, *, window: float = DEFAULT_WINDOW_SEC, style: str = "allow", stdin: Any = None, stdout: Any = None
+    home: str, *, window: float = DEFAULT_WINDOW_SEC, style: str = "allow", stdin: "Any" = None, stdout: "Any" = None
 ) -> int:
     """Run one hook call. Always returns 0; prints one JSON object or nothing."""
     try:
@@ -439,10 +439,10 @@ def run(
     return 0
 
 
-def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
+def parse_args(argv: "List[str]") -> "Optional[Dict[str, Any]]":
     """``[--home H] [-v] hook [--window W] [--answer-style allow|deny] [--home H]`` -> options, or None
     for anything else (the full command line then handles it, with its usage errors)."""
-    options: Dict[str, Any] = {"home": "~/.config/ai1net", "window": DEFAULT_WINDOW_SEC, "style": "allow"}
+    options: "Dict[str, Any]" = {"home": "~/.config/ai1net", "window": DEFAULT_WINDOW_SEC, "style": "allow"}
     seen_hook = False
     args = list(argv)
     while args:
@@ -474,7 +474,7 @@ def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
     return options if seen_hook else None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: "Optional[List[str]]" = None) -> int:
     """``python -S clients/bridge/hook.py --home H hook …`` (or via ``clients.bridge.__main__``)."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
     if options is None:
