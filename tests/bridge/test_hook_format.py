@@ -183,6 +183,18 @@ def test_hook_command_line_is_parsed_without_argparse():
         assert hook.parse_args(argv) is None, argv
 
 
+def test_a_home_written_with_a_tilde_is_expanded(monkeypatch, tmp_path):
+    """``hooks install`` writes the home resolved; a command written by hand may start it with ~."""
+    import os
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    homes = []
+    monkeypatch.setattr(hook, "run", lambda home, **options: homes.append(home) or 0)
+    assert hook.main(["--home", "~/bridge", "hook"]) == 0
+    assert hook.main(["--home", "/abs/bridge", "hook"]) == 0
+    assert homes == [os.path.join(str(tmp_path), "bridge"), "/abs/bridge"]
+
+
 def test_the_hook_entry_imports_only_cheap_stdlib_modules(tmp_path):
     """Neither what `hooks install` writes (`python -I -S clients/bridge/run_hook.py … hook`) nor
     `-m clients.bridge … hook` loads the command line, the daemon, asyncio, sqlite3, websockets,
