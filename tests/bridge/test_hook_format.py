@@ -183,6 +183,13 @@ def test_hook_command_line_is_parsed_without_argparse():
         assert hook.parse_args(argv) is None, argv
 
 
+def test_the_hook_reads_json_with_or_without_a_byte_order_mark():
+    assert hook.loads(b'\xef\xbb\xbf{"a": "\xc3\xa9"}') == hook.loads(b'{"a": "\xc3\xa9"}') == {"a": "\u00e9"}
+    assert hook.loads(bytearray(b" [1, 2.5, null] ")) == [1, 2.5, None]
+    with pytest.raises(UnicodeDecodeError):
+        hook.loads(b'{"a": "\xff"}')
+
+
 def test_a_home_written_with_a_tilde_is_expanded(monkeypatch, tmp_path):
     """``hooks install`` writes the home resolved; a command written by hand may start it with ~."""
     import os

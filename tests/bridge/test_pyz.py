@@ -84,10 +84,11 @@ def test_the_pyz_hook_command_skips_runpy_and_imports_only_cheap_modules(pyz, tm
     modules, hook_file = run_reporting(command, tmp_path, {"hook_event_name": "Stop", "session_id": "s"})
     assert "clients.bridge.hook" in modules, modules
     # zlib: the modules a hook call reads are stored uncompressed in the archive (clients/build.py).
-    # __future__: `from __future__ import annotations` imports it; os: 1 ms, posix has what the hook uses
-    # (clients/bridge/hook.py).
+    # __future__: `from __future__ import annotations` imports it; os: 1 ms, posix has what the hook uses; the
+    # utf-8-sig codec: a module to import (clients/bridge/hook.py).
     assert not modules & {"runpy", "importlib.util", "contextlib", "argparse", "asyncio", "logging", "websockets",
-                          "clients.bridge.cli", "clients.bridge.__main__", "zlib", "__future__", "os"}, modules
+                          "clients.bridge.cli", "clients.bridge.__main__", "zlib", "__future__", "os",
+                          "encodings.utf_8_sig"}, modules
     # ... and copied out of it by `hooks install`, compiled: no zipimport reads the archive's directory.
     assert hook_file == str(cache / hook_cache.key(pyz) / "clients" / "bridge" / "hook.py")
 
