@@ -3,7 +3,7 @@
 Every hook call from a ``.pyz`` paid zipimport reading the archive's directory (some 140 entries) before its
 first import: 0.5 ms of a 9-10 ms call on the bench machine. ``extract`` writes the archive's ``clients``
 package, compiled, into ``<home>/hook-cache/<key>``, the key naming the archive as it is on disk (its inode,
-modification time and size). The command ``hooks install`` writes (``hooks_install.PYZ_HOOK_ENTRY_CACHED``)
+modification time and size). The command ``hooks install`` writes (``hooks_install.PYZ_HOOK_ENTRY``)
 imports from there when that folder exists and from the archive otherwise: an archive replaced since (a new
 version) has a new key, and its hooks read the archive until ``hooks install`` or the bridge's start
 (``refresh``) writes its copy. Only those two write here; a hook call only reads.
@@ -49,7 +49,7 @@ def cache_dir(home: Path) -> Path:
 
 
 def key(pyz: Path) -> str:
-    """The folder's name for the archive as it is on disk: what ``hooks_install.PYZ_HOOK_ENTRY_CACHED``
+    """The folder's name for the archive as it is on disk: what ``hooks_install.PYZ_HOOK_ENTRY``
     computes on each hook call (keep the two the same)."""
     stat = os.stat(pyz)
     return "%x-%x-%x" % (stat.st_ino, stat.st_mtime_ns, stat.st_size)
@@ -96,7 +96,11 @@ def extract(pyz: Path, cache: Path) -> Optional[Path]:
 def _prune(cache: Path, keep: str) -> None:
     """Copies of other archives, a day after they were written, and stages left by a crash."""
     now = time.time()
-    for entry in cache.iterdir():
+    try:
+        entries = list(cache.iterdir())
+    except OSError:
+        return
+    for entry in entries:
         if entry.name == keep:
             continue
         try:

@@ -40,7 +40,7 @@ def default_settings_path() -> Path:
     return Path(os.path.expanduser("~/.claude/settings.json"))
 
 
-def default_launcher(home: Optional[Path] = None) -> str:
+def default_launcher(home: Path) -> str:
     """How to start this bridge from a hook: the .pyz we run from (``pyz_launcher``, with ``home``'s copy of
     its modules, ``hook_cache``), or ``clients/bridge/run_hook.py`` of a checkout (it accepts every command
     the hook gets, ``--home H hook …``).
@@ -52,37 +52,31 @@ def default_launcher(home: Optional[Path] = None) -> str:
     python = sys.executable or "python3"
     pyz = running_pyz()
     if pyz is not None:
-        return pyz_launcher(pyz, python, None if home is None else cache_dir(home))
+        return pyz_launcher(pyz, python, cache_dir(home))
     script = Path(__file__).resolve().with_name("run_hook.py")  # the checkout: no runpy, no PYTHONPATH (run_hook.py)
     return f"{shlex.quote(python)} -I -S {shlex.quote(str(script))}"
 
 
-# The hook's entry in a .pyz, run with ``-c``: Python runs an archive named on its command line through runpy,
-# whose imports (importlib.util, contextlib, collections, functools) took 6 of the 20 ms a hook call from
-# ``python -I -S ai1net-bridge.pyz`` cost on the bench machine (14 ms this way, 12.5 from a checkout's
-# run_hook.py, 9.6 for a bare ``python -I -S -c pass``). ``-I`` puts nothing on the path: the archive goes first.
-# Commands installed with it keep working (each carries its entry); ``hooks install`` now writes the one below.
-PYZ_HOOK_ENTRY = ("import sys; sys.path.insert(0, sys.argv[1]); from clients.bridge.hook import main; "
-                  "sys.exit(main(sys.argv[2:]))")
-# ... with the archive's copy of its modules (``hook_cache``; argv[2] is its folder), first on the path when it
-# is there for the archive as it is on disk now (the key is ``hook_cache.key``'s). An import from the archive
-# first reads its directory of some 140 entries: 0.5 ms of every hook call. The archive goes last, after the
-# standard library, whose imports would otherwise look in it first and read that directory all the same. The
-# stat is the C half of ``os`` (``posix`` or ``nt``, as ``os.name`` says), loaded at start: the hook imports no
-# ``os`` (1 ms).
-PYZ_HOOK_ENTRY_CACHED = (
+# The hook's entry in a .pyz, run with ``-c`` (argv[1] the archive, argv[2] the folder of its copies):
+# - Not the archive as the script: Python runs that through runpy, whose imports (importlib.util, contextlib,
+#   collections, functools) took 6 of the 20 ms a hook call cost on the bench machine.
+# - The hook from the archive's copy (``hook_cache``), first on the path when it is there for the archive as it
+#   is on disk now (the key is ``hook_cache.key``'s): an import from the archive first reads its directory of
+#   some 140 entries, 0.5 ms of every hook call. The archive goes last, after the standard library, whose
+#   imports would otherwise look in it first and read that directory all the same.
+# - The stat is the C half of ``os`` (``posix`` or ``nt``, as ``os.name`` says), loaded at every start: the hook
+#   imports no ``os`` (1 ms).
+# Commands installed before this entry carry their own (the archive first on the path) and keep working.
+PYZ_HOOK_ENTRY = (
     f"import sys, {os.name}; a = sys.argv; s = {os.name}.stat(a[1]); "
     "sys.path.insert(0, '%s/%x-%x-%x' % (a[2], s.st_ino, s.st_mtime_ns, s.st_size)); "
     "sys.path.append(a[1]); from clients.bridge.hook import main; sys.exit(main(a[3:]))")
 
 
-def pyz_launcher(pyz: str, python: str, cache: Optional[Path] = None) -> str:
-    """The hook's command for the bridge in ``pyz``, ready for ``--home H hook …`` after it; with ``cache``
-    (``hook_cache.cache_dir(home)``), one that imports the hook from the copy there while it is current."""
-    head = f"{shlex.quote(python)} -I -S -c"
-    if cache is None:
-        return f"{head} {shlex.quote(PYZ_HOOK_ENTRY)} {shlex.quote(os.path.abspath(pyz))}"
-    return (f"{head} {shlex.quote(PYZ_HOOK_ENTRY_CACHED)} {shlex.quote(os.path.abspath(pyz))} "
+def pyz_launcher(pyz: str, python: str, cache: Path) -> str:
+    """The hook's command for the bridge in ``pyz``, ready for ``--home H hook …`` after it, importing the
+    hook from its copy in ``cache`` (``hook_cache.cache_dir(home)``) while that copy is current."""
+    return (f"{shlex.quote(python)} -I -S -c {shlex.quote(PYZ_HOOK_ENTRY)} {shlex.quote(os.path.abspath(pyz))} "
             f"{shlex.quote(str(cache))}")
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from clients.bridge import hook_cache
-from clients.bridge.hooks_install import PYZ_HOOK_ENTRY_CACHED
+from clients.bridge.hooks_install import PYZ_HOOK_ENTRY
 from clients.bridge.local_api import LocalApi
 from tests.e2e_support import ROOT
 
@@ -67,7 +67,7 @@ REPORT = ("import atexit, sys; atexit.register(lambda: sys.__stderr__.write(' '.
 
 def run_reporting(command, cwd, event):
     """The command with its entry reporting the modules it imported and where the hook came from."""
-    command = command.replace(shlex.quote(PYZ_HOOK_ENTRY_CACHED), shlex.quote(REPORT + PYZ_HOOK_ENTRY_CACHED))
+    command = command.replace(shlex.quote(PYZ_HOOK_ENTRY), shlex.quote(REPORT + PYZ_HOOK_ENTRY))
     done, _ = run(command, cwd, event)
     assert done.returncode == 0 and not done.stdout, done.stderr
     modules, hook_file = done.stderr.decode().rsplit("\n", 1)
@@ -80,7 +80,7 @@ def test_the_pyz_hook_command_skips_runpy_and_imports_only_cheap_modules(pyz, tm
     home = tmp_path / "home"
     _, command = install(pyz, tmp_path, home)
     cache = home.resolve() / "hook-cache"
-    assert f" -I -S -c {shlex.quote(PYZ_HOOK_ENTRY_CACHED)} {pyz} {cache} --home" in command
+    assert f" -I -S -c {shlex.quote(PYZ_HOOK_ENTRY)} {pyz} {cache} --home" in command
     modules, hook_file = run_reporting(command, tmp_path, {"hook_event_name": "Stop", "session_id": "s"})
     assert "clients.bridge.hook" in modules, modules
     # zlib: the modules a hook call reads are stored uncompressed in the archive (clients/build.py).
