@@ -504,5 +504,18 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     return run(home, window=options["window"], style=options["style"])
 
 
+def exit_now(code: int) -> None:
+    """End the hook's process without the interpreter's finalization (tearing down its modules, a last
+    collection): 1.1 ms of a bare interpreter's 7 on the bench machine, and the agent host waits for the
+    exit. Nothing is left to run then: the hook starts no thread, registers no atexit handler, writes no
+    file, and its output is flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the host stopped reading: nothing more to tell it
+            pass
+    _os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from clients.bridge.hook import main  # noqa: E402
+from clients.bridge.hook import exit_now, main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

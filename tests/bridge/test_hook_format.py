@@ -213,7 +213,11 @@ def test_the_hook_entry_imports_only_cheap_stdlib_modules(tmp_path):
 
     heavy = {"argparse", "asyncio", "sqlite3", "websockets", "http.client", "email", "logging", "typing", "re",
              "json", "socket", "selectors", "enum", "clients.bridge.cli", "clients.bridge.daemon", "clients.common.tunnel", "ssl"}
-    report = "import atexit, sys\natexit.register(lambda: sys.__stderr__.write(' '.join(sorted(sys.modules))))\n"
+    # run_hook.py ends with posix._exit (hook.exit_now: no atexit handlers), -m clients.bridge with sys.exit.
+    report = ("import atexit, posix, sys\n"
+              "def _report(*code):\n    sys.__stderr__.write(' '.join(sorted(sys.modules)))\n    sys.__stderr__.flush()\n"
+              "    if code:\n        _exit(*code)\n"
+              "_exit, posix._exit = posix._exit, _report\natexit.register(_report)\n")
     script = ROOT / "clients" / "bridge" / "run_hook.py"
     runs = {
         "run_hook.py": [sys.executable, "-I", "-S", "-c", report + f"sys.argv = [{str(script)!r}, '--home', "

@@ -61,8 +61,10 @@ def test_the_pyz_installs_a_command_that_runs_itself_and_fails_open(pyz, tmp_pat
     assert (cache / hook_cache.key(pyz) / "clients" / "bridge" / "hook.py").is_file()
 
 
-REPORT = ("import atexit, sys; atexit.register(lambda: sys.__stderr__.write(' '.join(sorted(sys.modules)) + '\\n' + "
-          "sys.modules['clients.bridge.hook'].__file__)); ")
+# The hook ends with posix._exit (hook.exit_now, no atexit handlers run): the report goes out just before it.
+REPORT = ("import sys, posix; _exit = posix._exit; posix._exit = lambda code: (sys.__stderr__.write(' '.join("
+          "sorted(sys.modules)) + '\\n' + sys.modules['clients.bridge.hook'].__file__), sys.__stderr__.flush(), "
+          "_exit(code)); ")
 
 
 def run_reporting(command, cwd, event):
@@ -130,10 +132,14 @@ async def test_the_pyz_hook_talks_to_the_daemon(pyz, tmp_path):
     api.start()
     try:
         _, command = await asyncio.to_thread(install, pyz, tmp_path, home)
+        # It ends without the interpreter's finalization (hook.exit_now): no atexit handler runs, and its
+        # output is whole all the same.
+        finalized = "import atexit, sys; atexit.register(lambda: sys.__stderr__.write('finalized')); "
+        command = command.replace(shlex.quote(PYZ_HOOK_ENTRY), shlex.quote(finalized + PYZ_HOOK_ENTRY))
         event = {"hook_event_name": "UserPromptSubmit", "session_id": "s", "prompt": "x"}
         done, _ = await asyncio.to_thread(run, command, tmp_path, event)
     finally:
         api.stop()
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
     assert json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"] == (
         "Message from the user's phone: hello from the phone")
