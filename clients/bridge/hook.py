@@ -7,13 +7,15 @@ nothing were installed.
 
 This module is also the hook's whole program: ``hooks install`` writes ``python -I -S
 <checkout>/clients/bridge/run_hook.py --home H hook …`` (or, from a ``.pyz``, ``python -I -S -c <entry>
-ai1net-bridge.pyz --home H hook …``, whose entry imports this module out of the archive and calls ``main``
-without runpy, the command line, the daemon or websockets; ``hooks_install.pyz_launcher``). It runs once per
-hook event, so its start-up is on the question's path. It imports ``os``, ``sys``, ``time``, the C half of
+ai1net-bridge.pyz H/hook-cache --home H hook …``, whose entry imports this module from the archive's copy in
+``H/hook-cache`` (``hook_cache``) or else the archive, and calls ``main`` without runpy, the command line, the
+daemon or websockets; ``hooks_install.pyz_launcher``). It runs once per hook event, so its start-up is on the
+question's path. It imports ``sys``, ``time``, ``posix`` (``os``'s C half, loaded at every start), the C half of
 ``json`` (``_json``: the ``json`` package would import ``re``, the dearest module on this path) and, once
 there is a daemon to ask, ``_socket`` (a plain HTTP/1.1 request: ``http.client`` pulls in ``email``,
-``socket`` itself ``selectors`` and ``enum``); nothing else, not even ``typing``. ``bench/roundtrip.py``
-prints its start-up beside a bare interpreter.
+``socket`` itself ``selectors`` and ``enum``); nothing else, not even ``typing`` or ``os``, and it ends without
+the interpreter's finalization (``exit_now``). ``bench/roundtrip.py`` prints its start-up beside a bare
+interpreter.
 """
 
 # No ``from __future__ import annotations``: it imports the ``__future__`` module when this one runs (0.12-0.15
