@@ -6,7 +6,8 @@ package, compiled, into ``<home>/hook-cache/<key>``, the key naming the archive 
 modification time and size). The command ``hooks install`` writes (``hooks_install.PYZ_HOOK_ENTRY``)
 imports from there when that folder exists and from the archive otherwise: an archive replaced since (a new
 version) has a new key, and its hooks read the archive until ``hooks install`` or the bridge's start
-(``refresh``) writes its copy. Only those two write here; a hook call only reads.
+(``refresh``) writes its copy. Only those two write here, a hook call only reads, and ``hooks install
+--rollback`` of the last hooks removes the lot (``remove``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def refresh(home: Path) -> Optional[Path]:
     if pyz is None or not cache.is_dir():
         return None
     return extract(Path(pyz), cache)
+
+
+def remove(home: Path) -> None:
+    """The copies, when no hooks are installed any more (``hooks install --rollback``): the bridge's start
+    then writes none either."""
+    shutil.rmtree(cache_dir(home), ignore_errors=True)
 
 
 def cache_dir(home: Path) -> Path:

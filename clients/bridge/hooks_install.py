@@ -387,4 +387,6 @@ def rollback(*, home: Path, settings_path: Optional[Path] = None) -> List[Dict[s
         del manifest["installs"][target]
         done.append({"settings": target, "action": action})
     _save_manifest(home, manifest)
+    if not manifest["installs"]:  # no hook left to start from it: the copy install wrote goes too
+        hook_cache.remove(home)
     return done

@@ -140,3 +140,18 @@ def test_cli_install_writes_a_command_that_runs_this_checkout(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert settings.read_bytes() == ORIGINAL
+
+
+def test_the_hooks_copy_of_the_archive_goes_with_the_last_hooks(tmp_path):
+    """The copy of the .pyz's modules (hook_cache) serves every settings file's hooks: a rollback of one keeps it,
+    the last one removes it (and with it the bridge's start writes none)."""
+    home = tmp_path / "home"
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    install(home=home, settings_path=first, launcher=LAUNCHER)
+    install(home=home, settings_path=second, launcher=LAUNCHER)
+    copy = home.resolve() / "hook-cache" / "1-2-3" / "clients"
+    copy.mkdir(parents=True)  # as `hooks install` from a .pyz writes it
+    rollback(home=home, settings_path=first)
+    assert copy.is_dir()
+    rollback(home=home, settings_path=second)
+    assert not (home / "hook-cache").exists()

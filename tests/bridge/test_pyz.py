@@ -49,6 +49,7 @@ def test_the_pyz_installs_a_command_that_runs_itself_and_fails_open(pyz, tmp_pat
     home = tmp_path / "home"
     settings, command = install(pyz, tmp_path, home)
     cache = home.resolve() / "hook-cache"
+    assert (cache / hook_cache.key(pyz) / "clients" / "bridge" / "hook.py").is_file()
     assert f"{pyz} {cache} --home {home.resolve()} hook --window 120 --answer-style allow" in command
     assert "PYTHONPATH" not in command
     done, elapsed = run(command, tmp_path, {"hook_event_name": "UserPromptSubmit", "session_id": "s", "prompt": "x"})
@@ -57,8 +58,8 @@ def test_the_pyz_installs_a_command_that_runs_itself_and_fails_open(pyz, tmp_pat
     rollback = subprocess.run([*BARE, str(pyz), "--home", str(home), "hooks", "install", "--rollback"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert rollback.returncode == 0 and not settings.exists()
-    # The copy stays: it is in the bridge's home and serves the next install as it is.
-    assert (cache / hook_cache.key(pyz) / "clients" / "bridge" / "hook.py").is_file()
+    # The copy goes with the last hooks (the bridge's start then writes none): install added it.
+    assert not cache.exists()
 
 
 # The hook ends with posix._exit (hook.exit_now, no atexit handlers run): the report goes out just before it.
