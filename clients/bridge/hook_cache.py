@@ -13,12 +13,8 @@ version) has a new key, and its hooks read the archive until ``hooks install`` o
 from __future__ import annotations
 
 import os
-import py_compile
-import shutil
 import sys
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -48,6 +44,8 @@ def refresh(home: Path) -> Optional[Path]:
 def remove(home: Path) -> None:
     """The copies, when no hooks are installed any more (``hooks install --rollback``): the bridge's start
     then writes none either."""
+    import shutil
+
     shutil.rmtree(cache_dir(home), ignore_errors=True)
 
 
@@ -70,6 +68,16 @@ def extract(pyz: Path, cache: Path) -> Optional[Path]:
         target = cache / name
         if target.is_dir():
             return target
+    except OSError:
+        return None
+    # Only to write a copy (zipfile, py_compile and tempfile took 7 ms to import): the bridge's every start
+    # asks, and mostly finds its copy there.
+    import py_compile
+    import shutil
+    import tempfile
+    import zipfile
+
+    try:
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=cache))
     except OSError:
@@ -102,6 +110,8 @@ def extract(pyz: Path, cache: Path) -> Optional[Path]:
 
 def _prune(cache: Path, keep: str) -> None:
     """Copies of other archives, a day after they were written, and stages left by a crash."""
+    import shutil
+
     now = time.time()
     try:
         entries = list(cache.iterdir())

@@ -92,10 +92,9 @@ def precompile_hook() -> List[str]:
     read-only checkout or a .pyz (zipimport compiles in memory) is left as it is."""
     import py_compile
 
-    package_file = Path(__file__).resolve()
-    if ".pyz" in str(package_file):
+    if running_pyz() is not None:
         return []
-    root = package_file.parents[2]
+    root = Path(__file__).resolve().parents[2]
     written = []
     for name in HOOK_MODULES:
         try:
